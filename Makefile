@@ -1,0 +1,38 @@
+# make demo: set up .venv (pinned stack) if missing, then compile and verify the tutorial models.
+# make test: set up .venv and the ExecuTorch oracle venv, then run the whole test suite.
+PYTHON ?= python3
+VENV := .venv
+ORACLE := .venv-oracle
+PIP_QUIET := --quiet --disable-pip-version-check
+STAMP := $(VENV)/.tosakit-installed
+ORACLE_STAMP := $(ORACLE)/.oracle-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup oracle bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[test]'
+	@touch $@
+
+oracle: $(ORACLE_STAMP)
+
+$(ORACLE_STAMP): tests/oracle/requirements.txt
+	@test -x $(ORACLE)/bin/python || $(PYTHON) -m venv $(ORACLE)
+	$(ORACLE)/bin/pip install $(PIP_QUIET) -r tests/oracle/requirements.txt
+	$(ORACLE)/bin/pip install $(PIP_QUIET) --no-deps executorch==1.5.1
+	@touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/tosakit demo
+
+test: $(STAMP) $(ORACLE_STAMP)
+	TOSAKIT_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) $(ORACLE) .pytest_cache build out

@@ -1,0 +1,88 @@
+"""tosakit: PyTorch to Arm Ethos-U and VGF through TOSA, as ExecuTorch .pte programs.
+
+The flow, one package per stage: capture -> quantize -> partition -> lower (TOSA)
+-> backends (ethosu, vgf, tosa) -> program (.pte) -> runtime. The public names
+follow ExecuTorch's Arm backend, so its tutorial code runs with only the imports
+changed.
+"""
+
+import logging as _logging
+
+# torchao reports optional CUDA kernels it cannot load, and torch warns about an enum
+# registration inside torchao: neither concerns a CPU-only Arm flow.
+for _name in ("torchao", "torch.utils._pytree"):
+    _logging.getLogger(_name).setLevel(_logging.ERROR)
+
+from .backends.ethosu import EthosUPartitioner  # noqa: E402
+from .backends.vgf import VgfPartitioner  # noqa: E402
+from .errors import TosakitError  # noqa: E402
+from .lower import TOSAPartitioner  # noqa: E402
+from .partition import DontPartition, DontPartitionModule, DontPartitionName  # noqa: E402
+from .program import (  # noqa: E402
+    EdgeCompileConfig,
+    EdgeProgramManager,
+    ExecutorchBackendConfig,
+    ExecutorchProgramManager,
+    to_edge,
+    to_edge_transform_and_lower,
+    save_pte_program,
+)
+from .quantize import (  # noqa: E402
+    EthosUQuantizer,
+    QuantizationConfig,
+    TOSAQuantizer,
+    VgfQuantizer,
+    get_symmetric_quantization_config,
+)
+from .specs import (  # noqa: E402
+    ArmCompileSpecBuilder,
+    EthosUCompileSpec,
+    TosaCompileSpec,
+    TosaSpecification,
+    VgfCompileSpec,
+    generate_ethosu_compile_spec,
+    generate_tosa_compile_spec,
+    generate_vgf_compile_spec,
+)
+
+
+def ArmPartitioner(compile_spec, additional_checks=None):
+    """The older partitioner name: picks the partitioner that matches ``compile_spec``."""
+    if isinstance(compile_spec, EthosUCompileSpec):
+        return EthosUPartitioner(compile_spec, additional_checks)
+    if isinstance(compile_spec, VgfCompileSpec):
+        return VgfPartitioner(compile_spec, additional_checks)
+    return TOSAPartitioner(compile_spec, additional_checks)
+
+
+__version__ = "0.1.0"
+__all__ = [
+    "ArmCompileSpecBuilder",
+    "ArmPartitioner",
+    "DontPartition",
+    "DontPartitionModule",
+    "DontPartitionName",
+    "EdgeCompileConfig",
+    "EdgeProgramManager",
+    "EthosUCompileSpec",
+    "EthosUPartitioner",
+    "EthosUQuantizer",
+    "ExecutorchBackendConfig",
+    "ExecutorchProgramManager",
+    "QuantizationConfig",
+    "TOSAPartitioner",
+    "TOSAQuantizer",
+    "TosaCompileSpec",
+    "TosaSpecification",
+    "TosakitError",
+    "VgfCompileSpec",
+    "VgfPartitioner",
+    "VgfQuantizer",
+    "generate_ethosu_compile_spec",
+    "generate_tosa_compile_spec",
+    "generate_vgf_compile_spec",
+    "get_symmetric_quantization_config",
+    "save_pte_program",
+    "to_edge",
+    "to_edge_transform_and_lower",
+]

@@ -1,0 +1,51 @@
+"""Stage 5: turn a partition's TOSA into the payload its backend stores in the .pte.
+
+``preprocess(backend_id, lowered, spec)`` dispatches to ``TOSABackend``,
+``EthosUBackend`` (Vela) or ``VgfBackend`` (model-converter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import TosakitError
+from ..lower import LoweredGraph
+from ..specs import ArmCompileSpec
+
+
+@dataclass
+class PreprocessResult:
+    """A delegate's processed bytes, its compiler report, and files worth keeping (-i)."""
+
+    processed_bytes: bytes
+    report: object | None = None
+    artifacts: dict[str, bytes] = field(default_factory=dict)
+
+
+Preprocess = Callable[[LoweredGraph, ArmCompileSpec], PreprocessResult]
+BACKENDS: dict[str, Preprocess] = {}
+
+
+def backend(backend_id: str):
+    """Register a backend's preprocess function under its runtime id."""
+
+    def register(fn: Preprocess) -> Preprocess:
+        BACKENDS[backend_id] = fn
+        return fn
+
+    return register
+
+
+def preprocess(backend_id: str, lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
+    """Compile a lowered partition for ``backend_id``."""
+    _load_all()
+    try:
+        fn = BACKENDS[backend_id]
+    except KeyError:
+        raise TosakitError(f"unknown backend {backend_id!r}", f"known backends: {', '.join(sorted(BACKENDS))}") from None
+    return fn(lowered, spec)
+
+
+def _load_all() -> None:
+    from . import ethosu, tosa, vgf  # noqa: F401  (each registers itself)

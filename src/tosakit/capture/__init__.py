@@ -1,0 +1,151 @@
+"""Stage 1: capture a model with ``torch.export`` and bring it to core ATen.
+
+The result every later stage works on is a plain ``GraphModule``: user inputs
+are placeholders, parameters and constants are ``get_attr`` attributes.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.fx import GraphModule
+
+from ..errors import TosakitError
+
+aten = torch.ops.aten
+
+# Ops kept whole when decomposing to core ATen: lowering handles them better intact.
+PRESERVED_OPS = (
+    aten.linear.default,
+    aten.hardtanh.default,
+    aten.hardswish.default,
+    aten.hardsigmoid.default,
+    aten.upsample_nearest2d.vec,
+    aten.upsample_bilinear2d.vec,
+)
+
+
+@dataclass
+class CapturedProgram:
+    """A core-ATen graph with its constants inlined as attributes, plus pytree I/O specs."""
+
+    graph_module: GraphModule
+    in_spec: object
+    out_spec: object
+    name: str = "forward"
+
+    @property
+    def graph(self):
+        return self.graph_module.graph
+
+    def user_inputs(self) -> list[torch.fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder"]
+
+    def __str__(self) -> str:
+        return str(self.graph_module.graph)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> ExportedProgram:
+    """``torch.export.export`` with a clear error when the model cannot be captured."""
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    try:
+        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as exc:  # torch raises many kinds; the first line names the problem
+        where = _user_frame(exc)
+        raise TosakitError(
+            f"torch.export could not capture {type(model).__name__}{where}: {_first_line(exc)}",
+            "make forward() traceable: no data-dependent Python control flow, no unsupported "
+            "Python objects; see https://pytorch.org/docs/stable/export.html",
+        ) from exc
+
+
+def _user_frame(exc: BaseException) -> str:
+    """' (at file.py:12)' for the innermost frame outside torch, when there is one."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {f.filename}:{f.lineno})"
+
+
+def decomposition_table(preserve=PRESERVED_OPS) -> dict:
+    """Core ATen decompositions, minus the ops lowering wants whole."""
+    table = torch.export.default_decompositions()
+    for op in preserve:
+        table.pop(op, None)
+    return table
+
+
+def to_core_aten(ep: ExportedProgram, preserve=PRESERVED_OPS) -> ExportedProgram:
+    """Decompose to core ATen, keeping ``preserve`` ops whole."""
+    try:
+        return ep.run_decompositions(decomposition_table(preserve))
+    except Exception as exc:
+        raise TosakitError(
+            f"decomposing the exported program to core ATen failed: {_first_line(exc)}",
+            "export the model with torch.export.export(model, example_inputs) and pass that ExportedProgram",
+        ) from exc
+
+
+def inline_constants(ep: ExportedProgram) -> CapturedProgram:
+    """Turn lifted parameters, buffers and constants into ``get_attr`` nodes."""
+    gm = ep.graph_module
+    graph = gm.graph
+    values = {**ep.state_dict, **ep.constants}
+    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    for node in list(graph.nodes):
+        if node.op != "placeholder":
+            continue
+        spec = specs.get(node.name)
+        if spec is None or spec.kind == InputKind.USER_INPUT:
+            continue
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            raise TosakitError(
+                f"input {node.name!r} of kind {spec.kind.name} is not supported",
+                "export the model in eval mode without mutable state or custom objects",
+            )
+        if not node.users:
+            graph.erase_node(node)
+            continue
+        attr = "_c_" + node.name
+        value = values[spec.target]
+        value = value.detach() if isinstance(value, torch.nn.Parameter) else value
+        gm.register_buffer(attr, value.clone())
+        with graph.inserting_before(node):
+            get = graph.get_attr(attr)
+        get.meta = dict(node.meta)
+        node.replace_all_uses_with(get)
+        graph.erase_node(node)
+    _move_get_attrs_after_placeholders(graph)
+    graph.lint()
+    gm.recompile()
+    return CapturedProgram(gm, ep.call_spec.in_spec, ep.call_spec.out_spec)
+
+
+def _move_get_attrs_after_placeholders(graph) -> None:
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if placeholders:
+        anchor = placeholders[-1]
+        for n in [n for n in graph.nodes if n.op == "get_attr"]:
+            anchor.append(n)
+            anchor = n
+
+
+def capture(ep: ExportedProgram, preserve=PRESERVED_OPS) -> CapturedProgram:
+    """Core ATen, constants inlined: the form every later stage reads."""
+    if not isinstance(ep, ExportedProgram):
+        raise TosakitError(
+            f"expected a torch.export.ExportedProgram, got {type(ep).__name__}",
+            "call torch.export.export(model, example_inputs) first and pass its result",
+        )
+    return inline_constants(to_core_aten(ep, preserve))

@@ -1,0 +1,60 @@
+"""User-facing errors: every failure names the thing at fault and what to do."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+class TosakitError(Exception):
+    """An error the user can fix: ``message`` names the culprit, ``hint`` the fix."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  fix: {self.hint}"
+
+
+class UnsupportedOpError(TosakitError):
+    """An operator no backend can run on a target that needs it."""
+
+
+def did_you_mean(name: str, choices) -> str:
+    """A short 'choose one of' text, nearest matches first."""
+    import difflib
+
+    choices = list(choices)
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+    listed = ", ".join(choices)
+    if close:
+        return f"did you mean {' or '.join(repr(c) for c in close)}? Valid: {listed}"
+    return f"valid choices: {listed}"
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, then rename: never a half file."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise TosakitError(
+            f"cannot write {path}: folder {parent} does not exist",
+            "create the folder or choose another output path",
+        )
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it normal file permissions
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path

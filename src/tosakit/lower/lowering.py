@@ -1,0 +1,345 @@
+"""The lowering table and the walk that turns a partition's graph into TOSA.
+
+Each ATen overload has one small rule (``@lowers(...)``) returning the TOSA
+value for its node, and an ``OpSupport`` record next to it: which profiles it
+lowers in and what limits apply. The partitioner reads the same records.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import tosa_serializer as ts
+from torch.fx import GraphModule, Node
+
+from ..errors import TosakitError, UnsupportedOpError
+from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
+from ..quantize.qdq import QParams, is_dequantize, is_integer_node, is_quantize
+from ..specs import TosaSpecification
+from .tosa_graph import NHWC, TORCH_TO_TOSA, DType, Op, TosaGraph, Value, identity, quantize_multiplier
+
+Check = Callable[[Node, TosaSpecification], "str | None"]
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    """Where a rule applies: profiles, the U55 subset, and extra limits (a refusal reason or None)."""
+
+    int: bool = True
+    fp: bool = True
+    u55: bool = True
+    check: Check | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    target: object
+    lower: Callable[["Lowering", Node], Value]
+    support: OpSupport
+
+
+RULES: dict[object, Rule] = {}
+
+
+def lowers(*targets, **support):
+    """Register a lowering rule (and its support record) for ATen overloads."""
+
+    def register(fn):
+        for t in targets:
+            RULES[t] = Rule(t, fn, OpSupport(**support))
+        return fn
+
+    return register
+
+
+def describe(node: Node) -> str:
+    """'aten.convolution.default (node conv2d_3, model.py:41)'."""
+    where = ""
+    stack = node.meta.get("stack_trace")
+    if stack:
+        lines = [ln.strip() for ln in stack.strip().splitlines() if ln.strip().startswith("File ")]
+        if lines:
+            where = ", " + lines[-1].replace("File ", "").split(", in ")[0].replace('"', "").replace(", line ", ":")
+    return f"{node.target} (node {node.name}{where})"
+
+
+def computes_in_float(node: Node) -> bool:
+    """True when any tensor ``node`` reads or writes is floating point."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    out = node.meta.get("val")
+    vals += list(out) if isinstance(out, (tuple, list)) else [out]
+    return any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals)
+
+
+def support_reason(node: Node, spec: TosaSpecification) -> str | None:
+    """Why ``node`` cannot be lowered for ``spec`` (None when it can)."""
+    if node.op != "call_function":
+        return None
+    if node.target is operator.getitem:
+        return None
+    if is_quantize(node) or is_dequantize(node):
+        if not spec.support_integer():
+            return f"{spec} has no integer profile for {node.target}"
+        folds = (all(is_integer_node(u) for u in node.users) if is_dequantize(node)
+                 else is_integer_node(node.args[0]))
+        if folds:
+            return None  # absorbed into the integer op next to it
+        if not spec.support_float():
+            return BOUNDARY_Q if is_quantize(node) else BOUNDARY_DQ
+    rule = RULES.get(node.target)
+    if rule is None:
+        return f"no TOSA lowering for {node.target}"
+    integer = is_integer_node(node) or not computes_in_float(node)
+    s = rule.support
+    if integer and not (s.int and spec.support_integer()):
+        return (f"{node.target} computes on integers but {spec} has no integer profile"
+                if not spec.support_integer() else f"{node.target} has no integer (INT) lowering yet")
+    if not integer:
+        if not spec.support_float():
+            return f"{node.target} computes in float and {spec} runs integers only: quantize the model"
+        if not s.fp:
+            return f"{node.target} has no float (FP) lowering"
+    if spec.is_u55_subset and not s.u55:
+        return f"{node.target} is outside the Ethos-U55/U65 TOSA subset"
+    return s.check(node, spec) if s.check else None
+
+
+class Lowering:
+    """State while lowering one graph: the TOSA builder and the value of every node."""
+
+    def __init__(self, gm: GraphModule, spec: TosaSpecification):
+        self.gm = gm
+        self.spec = spec
+        self.g = TosaGraph()
+        self.values: dict[Node, Value] = {}
+
+    # ---------------------------------------------------------------- values
+
+    def constant(self, node: Node) -> torch.Tensor:
+        """The tensor behind a ``get_attr`` node."""
+        value = self.gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        return value.detach()
+
+    def arg(self, a) -> Value:
+        """The TOSA value of an fx argument (constants are materialized on first use)."""
+        if a in self.values:
+            return self.values[a]
+        if isinstance(a, Node) and a.op == "get_attr":
+            t = self.constant(a)
+            q = a.meta.get("tosakit_q")
+            v = self.const_value(t, q)
+            self.values[a] = v
+            return v
+        raise TosakitError(f"internal: {a} has no TOSA value yet")
+
+    def const_value(self, t: torch.Tensor, q: QParams | None = None) -> Value:
+        dtype = tosa_dtype(t.dtype)
+        arr = t.contiguous().numpy()
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        return Value(self.g.const(arr, dtype), arr.shape, dtype, identity(arr.ndim), q)
+
+    def scalar(self, x: float, like: Value) -> Value:
+        """A rank-matched constant broadcastable against ``like``."""
+        arr = np.full([1] * like.rank, x)
+        return Value(self.g.const(arr, like.dtype), arr.shape, like.dtype, like.order)
+
+    def emit(self, op, inputs: list, shape, dtype, like: Value | None = None, order=None,
+             q: QParams | None = None, attr=None, node: Node | None = None) -> Value:
+        """Add a TOSA op and wrap its output as a Value."""
+        names = [i.name if isinstance(i, Value) else i for i in inputs]
+        name = self.g.op(op, names, shape, dtype, attr, location=node.name if node is not None else None)
+        order = order if order is not None else (like.order if like is not None else identity(len(shape)))
+        return Value(name, tuple(shape), dtype, tuple(order), q)
+
+    # ---------------------------------------------------------------- layout
+
+    def to_order(self, v: Value, order: tuple[int, ...]) -> Value:
+        """``v`` stored with TOSA dims in ``order`` (a TRANSPOSE when it differs)."""
+        order = tuple(order)
+        if v.order == order:
+            return v
+        perms = [v.order.index(d) for d in order]
+        shape = [v.shape[p] for p in perms]
+        if _order_is_trivial(v) and _order_is_trivial(v.with_(order=order, shape=tuple(shape))):
+            attr = make_attr("ReshapeAttribute")  # only size-1 dims move: same bytes, new shape
+            return self.emit(Op.RESHAPE, [v, self.g.shape_const(shape)], shape, v.dtype, order=order, q=v.q,
+                             attr=attr)
+        attr = make_attr("TransposeAttribute", perms)
+        return self.emit(Op.TRANSPOSE, [v], shape, v.dtype, order=order, q=v.q, attr=attr)
+
+    def nhwc(self, v: Value) -> Value:
+        return self.to_order(v, NHWC) if v.rank == 4 else v
+
+    def torch_order(self, v: Value) -> Value:
+        return self.to_order(v, identity(v.rank))
+
+    def reshape(self, v: Value, torch_shape, node: Node | None = None) -> Value:
+        """RESHAPE to a torch shape; data must be in torch order unless only size-1 dims moved."""
+        torch_shape = tuple(int(s) for s in torch_shape)
+        if not _order_is_trivial(v):
+            v = self.torch_order(v)
+        if tuple(v.shape) == torch_shape:
+            return v.with_(order=identity(len(torch_shape)))
+        attr = make_attr("ReshapeAttribute")
+        return self.emit(Op.RESHAPE, [v, self.g.shape_const(torch_shape)], torch_shape, v.dtype,
+                         order=identity(len(torch_shape)), q=v.q, attr=attr, node=node)
+
+    def same_order(self, *vals: Value) -> list[Value]:
+        """Bring operands of an elementwise op to one layout (the first non-trivial one)."""
+        target = next((v.order for v in vals if v.rank == vals[0].rank and v.order != identity(v.rank)),
+                      vals[0].order)
+        out = []
+        for v in vals:
+            if v.rank < len(target):  # broadcast operand of lower rank: lift to full rank first
+                v = self.reshape(v, (1,) * (len(target) - v.rank) + v.torch_shape)
+            out.append(self.to_order(v, target))
+        return out
+
+    # ---------------------------------------------------------------- integer helpers
+
+    def rescale(self, v: Value, scale, out_dtype, in_zp: int = 0, out_zp: int = 0, q: QParams | None = None,
+                node: Node | None = None) -> Value:
+        """RESCALE ``v`` by a real ``scale`` (a float, or one per channel along the last TOSA dim)."""
+        scales = np.atleast_1d(np.asarray(scale, dtype=np.float64))
+        pairs = [quantize_multiplier(float(s)) for s in scales]
+        per_channel = len(pairs) > 1
+        mult = self.g.const(np.array([m for m, _ in pairs], dtype=np.int32), DType.INT32)
+        shift = self.g.const(np.array([s for _, s in pairs], dtype=np.int8), DType.INT8)
+        izp = self.g.zero_point(in_zp, v.dtype)
+        ozp = self.g.zero_point(out_zp, out_dtype)
+        attr = make_attr("RescaleAttribute", True, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
+        return self.emit(Op.RESCALE, [v, mult, shift, izp, ozp], v.shape, out_dtype, like=v, q=q, attr=attr,
+                         node=node)
+
+    def clamp(self, v: Value, lo, hi, node: Node | None = None) -> Value:
+        if is_float_dtype(v.dtype):
+            lo_b = np.array([lo], dtype=np.float32).tobytes()
+            hi_b = np.array([hi], dtype=np.float32).tobytes()
+        else:
+            np_t = {DType.INT8: np.int8, DType.INT16: np.int16, DType.INT32: np.int32}[v.dtype]
+            lo_b = np.array([lo], dtype=np_t).tobytes()
+            hi_b = np.array([hi], dtype=np_t).tobytes()
+        attr = make_attr("ClampAttribute", list(lo_b), list(hi_b), NAN_PROPAGATE)
+        return self.emit(Op.CLAMP, [v], v.shape, v.dtype, like=v, q=v.q, attr=attr, node=node)
+
+    def q_of(self, node: Node) -> QParams | None:
+        return node.meta.get("tosakit_q")
+
+    def fused_clamp(self, v: Value, node: Node) -> Value:
+        """Apply an activation fused into ``node`` (meta 'tosakit_clamp', real units)."""
+        bounds = node.meta.get("tosakit_clamp")
+        if bounds is None:
+            return v
+        lo, hi = bounds
+        if v.q is None:
+            return self.clamp(v, -F32_MAX if lo is None else lo, F32_MAX if hi is None else hi, node=node)
+        return self.clamp(v, *quantized_bounds(v.q, lo, hi), node=node)
+
+
+F32_MAX = 3.4028234663852886e38
+
+
+def is_constant(a) -> bool:
+    """A constant tensor, possibly behind a dequantize (before folding)."""
+    if is_dequantize(a):
+        a = a.args[0]
+    return isinstance(a, Node) and a.op == "get_attr"
+
+
+def quantized_bounds(q: QParams, lo: float | None, hi: float | None) -> tuple[int, int]:
+    """Real clamp bounds as integers of ``q`` (exactly what quantizing a clamped float gives)."""
+    qlo = q.qmin if lo is None else max(q.qmin, int(round(lo / q.s)) + q.zp)
+    qhi = q.qmax if hi is None else min(q.qmax, int(round(hi / q.s)) + q.zp)
+    return qlo, qhi
+
+
+def tosa_pads(sizes, kernel, stride, pad, dilation=(1, 1)) -> list[int]:
+    """[top, bottom, left, right] for TOSA, whose output size must divide exactly: the far
+    padding is trimmed where torch would drop the last rows."""
+    out = []
+    for size, k, s, p, d in zip(sizes, kernel, stride, pad, dilation):
+        span = size - 1 + 2 * p - (k - 1) * d
+        out += [p, p - span % s]
+    return out
+
+
+NAN_PROPAGATE = ts.NanPropagationMode.PROPAGATE
+
+
+def int_dtype(q: QParams):
+    """The TOSA integer type of a quantized tensor."""
+    return {torch.int8: DType.INT8, torch.int16: DType.INT16, torch.int32: DType.INT32}[q.dtype]
+
+
+def tosa_dtype(dtype: torch.dtype):
+    try:
+        return TORCH_TO_TOSA[dtype]
+    except KeyError:
+        raise TosakitError(f"dtype {dtype} has no TOSA equivalent", "use float32, int8, int16 or int32 tensors") from None
+
+
+def is_float_dtype(dtype) -> bool:
+    return dtype in (DType.FP32, DType.FP16, DType.BF16)
+
+
+def _order_is_trivial(v: Value) -> bool:
+    """True when the layout differs from torch order only by where size-1 dims sit."""
+    big = [d for d in v.order if v.torch_shape[d] != 1]
+    return big == sorted(big)
+
+
+def make_attr(kind: str, *args):
+    """A TOSA attribute object: ``make_attr('Conv2dAttribute', pad, stride, ...)``."""
+    a = ts.TosaSerializerAttribute()
+    getattr(a, kind)(*args)
+    return a
+
+
+@dataclass
+class LoweredGraph:
+    """A partition lowered to TOSA: the flatbuffer and what its I/O stands for."""
+
+    tosa: bytes
+    inputs: list[Value]
+    outputs: list[Value]
+    op_count: dict[str, int]
+
+
+def lower_graph(gm: GraphModule, spec: TosaSpecification) -> LoweredGraph:
+    """Lower a (pass-prepared) partition graph to one TOSA basic block."""
+    ctx = Lowering(gm, spec)
+    inputs = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta["val"]
+            q = node.meta.get("tosakit_q")
+            dtype = tosa_dtype(q.dtype if q is not None else val.dtype)
+            v = Value(ctx.g.input(val.shape, dtype), tuple(val.shape), dtype, identity(val.dim()), q)
+            ctx.values[node] = v
+            inputs.append(v)
+        elif node.op == "call_function":
+            if node.target is operator.getitem:
+                ctx.values[node] = ctx.values[node.args[0]][node.args[1]]
+                continue
+            reason = support_reason(node, spec)
+            if reason is not None:
+                raise UnsupportedOpError(f"cannot lower {describe(node)} for {spec}: {reason}",
+                                         "leave it to the CPU (partitioner) or file an issue with the model")
+            ctx.values[node] = RULES[node.target].lower(ctx, node)
+    outputs = []
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    for a in out_node.args[0]:
+        v = ctx.torch_order(ctx.arg(a))
+        if v.name in {i.name for i in inputs} or v.name in {o.name for o in outputs}:
+            v = ctx.emit(Op.IDENTITY, [v], v.shape, v.dtype, like=v, q=v.q)
+        ctx.g.output(v.name)
+        outputs.append(v)
+    return LoweredGraph(ctx.g.serialize(), inputs, outputs, dict(ctx.g.op_count))

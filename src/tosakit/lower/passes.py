@@ -1,0 +1,183 @@
+"""Graph passes, each ``GraphModule -> GraphModule``, and the pipeline every target runs."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ..quantize.qdq import INTEGER_KEY, fused_activation_of, is_dequantize, is_integer_node, is_quantize, qparams_of
+
+aten = torch.ops.aten
+
+NOOPS = {
+    aten.clone.default,
+    aten.alias.default,
+    aten.contiguous.default,
+    aten.dropout.default,
+    aten.detach.default,
+    aten.lift_fresh_copy.default,
+}
+ASSERTS = {
+    aten._assert_tensor_metadata.default,
+    aten._assert_scalar.default,
+    aten.sym_constrain_range_for_size.default,
+}
+
+
+def _get_attr(gm: GraphModule, node: Node) -> torch.Tensor:
+    value = gm
+    for part in node.target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _finish(gm: GraphModule) -> GraphModule:
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def remove_noops(gm: GraphModule) -> GraphModule:
+    """Drop copies, eval-mode dropout and shape assertions."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in ASSERTS:
+            gm.graph.erase_node(node)
+        elif node.target in NOOPS and isinstance(node.args[0], Node):
+            if node.target == aten.dropout.default and len(node.args) > 2 and node.args[2]:
+                continue  # training-mode dropout is not a no-op
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    return _finish(gm)
+
+
+def remove_requantize_noops(gm: GraphModule) -> GraphModule:
+    """quantize(dequantize(x)) with the same parameters is x (left behind by removed no-ops)."""
+    for node in list(gm.graph.nodes):
+        if not is_quantize(node) or not is_dequantize(node.args[0]):
+            continue
+        dq = node.args[0]
+        if list(node.args[1:]) == list(dq.args[1:]) and node.kwargs == dq.kwargs:
+            node.replace_all_uses_with(dq.args[0])
+            gm.graph.erase_node(node)
+    return _finish(gm)
+
+
+def duplicate_dequantize(gm: GraphModule) -> GraphModule:
+    """Give every dequantize node a single user, so each consumer decides its own fate."""
+    for node in list(gm.graph.nodes):
+        if not is_dequantize(node) or len(node.users) <= 1:
+            continue
+        for user in list(node.users)[1:]:
+            with gm.graph.inserting_before(user):
+                copy = gm.graph.node_copy(node)
+            user.replace_input_with(node, copy)
+    return _finish(gm)
+
+
+def fold_batch_norm(gm: GraphModule) -> GraphModule:
+    """Fold inference batch norm into the float convolution before it."""
+    bn_op = aten._native_batch_norm_legit_no_training.default
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != bn_op:
+            continue
+        conv = node.args[0]
+        if not (isinstance(conv, Node) and conv.target == aten.convolution.default and len(conv.users) == 1):
+            continue
+        w_node, b_node = conv.args[1], conv.args[2]
+        if w_node.op != "get_attr" or (b_node is not None and b_node.op != "get_attr"):
+            continue
+        if conv.args[6]:  # transposed convolution: channels on dim 1; left to the batch-norm rule
+            continue
+        gamma, beta, mean, var = (_get_attr(gm, a) if isinstance(a, Node) else None for a in node.args[1:5])
+        eps = node.args[6]
+        w = _get_attr(gm, w_node)
+        b = _get_attr(gm, b_node) if b_node is not None else torch.zeros(w.shape[0])
+        inv = torch.rsqrt(var + eps) * (gamma if gamma is not None else 1.0)
+        new_w = w * inv.reshape(-1, *([1] * (w.dim() - 1)))
+        new_b = (b - mean) * inv + (beta if beta is not None else 0.0)
+        prefix = f"_bnfold_{conv.name}"
+        gm.register_buffer(prefix + "_w", new_w.detach())
+        gm.register_buffer(prefix + "_b", new_b.detach())
+        with gm.graph.inserting_before(conv):
+            nw, nb = gm.graph.get_attr(prefix + "_w"), gm.graph.get_attr(prefix + "_b")
+        nw.meta["val"], nb.meta["val"] = new_w, new_b
+        conv.args = (conv.args[0], nw, nb, *conv.args[3:])
+        for user in list(node.users):
+            if user.target is operator.getitem and user.args[1] == 0:
+                user.replace_all_uses_with(conv)
+    return _finish(gm)
+
+
+def fuse_integer_activations(gm: GraphModule) -> GraphModule:
+    """Run clamp-like activations inside the integer op before them (one output rescale + clamp)."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not is_integer_node(node):
+            continue
+        act = fused_activation_of(node)
+        if act is None:
+            continue
+        node.meta["tosakit_clamp"] = clamp_bounds(act)
+        node.meta["val"] = act.meta.get("val", node.meta.get("val"))
+        act.replace_all_uses_with(node)
+        gm.graph.erase_node(act)
+    return _finish(gm)
+
+
+def clamp_bounds(act: Node) -> tuple[float | None, float | None]:
+    """The (min, max) in real units an activation clamps to."""
+    t = act.target
+    if t in (aten.relu.default, aten.relu_.default):
+        return 0.0, None
+    if t == aten.relu6.default:
+        return 0.0, 6.0
+    if t in (aten.hardtanh.default, aten.hardtanh_.default):
+        args = list(act.args) + [None] * 3
+        return float(args[1] if args[1] is not None else -1.0), float(args[2] if args[2] is not None else 1.0)
+    lo = act.args[1] if len(act.args) > 1 else act.kwargs.get("min")
+    hi = act.args[2] if len(act.args) > 2 else act.kwargs.get("max")
+    return (None if lo is None else float(lo)), (None if hi is None else float(hi))
+
+
+def fold_quantize_dequantize(gm: GraphModule) -> GraphModule:
+    """Integer ops consume and produce integers: fold their dequantize inputs and quantize outputs.
+
+    The qparams move to ``node.meta['tosakit_q']`` of the integer tensor they describe.
+    Quantize/dequantize nodes next to float ops stay, and lower as explicit conversions.
+    """
+    integer = {n for n in gm.graph.nodes if is_integer_node(n)}
+    for n in integer:
+        n.meta[INTEGER_KEY] = True
+    for node in list(gm.graph.nodes):
+        if is_dequantize(node) and all(u in integer for u in node.users):
+            src = node.args[0]
+            src.meta["tosakit_q"] = qparams_of(node, gm)
+            node.replace_all_uses_with(src)
+            gm.graph.erase_node(node)
+    for node in list(gm.graph.nodes):
+        if is_quantize(node) and node.args[0] in integer:
+            producer = node.args[0]
+            q = qparams_of(node, gm)
+            old = producer.meta.get("tosakit_q")
+            if old is not None and (old.s, old.zp) != (q.s, q.zp):
+                continue  # a second, different quantization of the same value stays explicit
+            producer.meta["tosakit_q"] = q
+            node.replace_all_uses_with(producer)
+            gm.graph.erase_node(node)
+    return _finish(gm)
+
+
+# What runs before partitioning (whole program) and inside each partition before lowering.
+PROGRAM_PIPELINE = [remove_noops, remove_requantize_noops, fold_batch_norm, duplicate_dequantize]
+PARTITION_PIPELINE = [fuse_integer_activations, fold_quantize_dequantize]
+
+
+def run(passes, gm: GraphModule) -> GraphModule:
+    """Run passes in order."""
+    for p in passes:
+        gm = p(gm)
+    return gm

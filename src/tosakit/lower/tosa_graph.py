@@ -1,0 +1,154 @@
+"""A TOSA 1.0 graph under construction, and the values flowing through it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+import tosa_serializer as ts
+
+from ..quantize.qdq import QParams
+
+Op = ts.Op
+DType = ts.DType
+
+TORCH_TO_TOSA = {
+    torch.float32: DType.FP32,
+    torch.float16: DType.FP16,
+    torch.bfloat16: DType.BF16,
+    torch.int8: DType.INT8,
+    torch.int16: DType.INT16,
+    torch.int32: DType.INT32,
+    torch.bool: DType.BOOL,
+}
+NUMPY_OF = {
+    DType.FP32: np.float32,
+    DType.FP16: np.float16,
+    DType.INT8: np.int8,
+    DType.INT16: np.int16,
+    DType.INT32: np.int32,
+    DType.BOOL: np.bool_,
+    DType.SHAPE: np.int64,
+}
+NHWC = (0, 2, 3, 1)
+
+
+def identity(rank: int) -> tuple[int, ...]:
+    return tuple(range(rank))
+
+
+@dataclass(frozen=True)
+class Value:
+    """A TOSA tensor standing for a torch value.
+
+    ``order[i]`` is the torch dimension stored at TOSA dimension ``i`` (identity:
+    torch layout; ``NHWC``: channels last). ``q`` is set for quantized integers.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: object
+    order: tuple[int, ...]
+    q: QParams | None = None
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def torch_shape(self) -> tuple[int, ...]:
+        out = [0] * self.rank
+        for i, d in enumerate(self.order):
+            out[d] = self.shape[i]
+        return tuple(out)
+
+    def tosa_dim(self, torch_dim: int) -> int:
+        """Where torch dimension ``torch_dim`` lives in this TOSA tensor."""
+        return self.order.index(torch_dim % self.rank)
+
+    def with_(self, **kw) -> "Value":
+        return replace(self, **kw)
+
+
+def is_float(dtype) -> bool:
+    return dtype in (DType.FP32, DType.FP16, DType.BF16)
+
+
+def quantize_multiplier(scale: float, scale32: bool = True) -> tuple[int, int]:
+    """Split a positive real scale into (multiplier, shift): scale = multiplier * 2**-shift."""
+    if scale <= 0:
+        return 0, 2
+    bits = 31 if scale32 else 15
+    mantissa, exponent = math.frexp(scale)  # scale = mantissa * 2**exponent, 0.5 <= mantissa < 1
+    multiplier = round(mantissa * (1 << bits))
+    shift = bits - exponent
+    if multiplier == 1 << bits:
+        multiplier //= 2
+        shift -= 1
+    if shift > 62:  # tiny scale: give up precision rather than range
+        multiplier >>= shift - 62
+        shift = 62
+    if shift < 2:
+        raise ValueError(f"scale {scale} is too large for a TOSA RESCALE")
+    return int(multiplier), int(shift)
+
+
+class TosaGraph:
+    """Builds one TOSA 1.0 basic block with ``tosa_serializer``."""
+
+    def __init__(self):
+        self.ser = ts.TosaSerializer("", targetMajor=1, targetMinor=0, targetPatch=0, targetDraft=False)
+        self._consts: dict[tuple, str] = {}
+        self._tensors: dict[str, object] = {}
+        self.op_count: dict[str, int] = {}
+
+    def input(self, shape, dtype) -> str:
+        t = self.ser.addPlaceholder(list(shape), dtype)
+        self._tensors[t.name] = t
+        return t.name
+
+    def const(self, array, dtype) -> str:
+        """A constant tensor; small constants are shared."""
+        array = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_OF[dtype]))
+        key = None
+        if array.size <= 16:
+            key = (int(dtype), array.shape, array.tobytes())
+            if key in self._consts:
+                return self._consts[key]
+        name = self.ser.addConst(list(array.shape), dtype, array).name
+        if key is not None:
+            self._consts[key] = name
+        return name
+
+    def shape_const(self, values) -> str:
+        return self.const(np.asarray(values, dtype=np.int64).reshape(-1), DType.SHAPE)
+
+    def zero_point(self, value: int, dtype) -> str:
+        return self.const(np.array([value]), dtype)
+
+    def op(self, op, inputs, shape, dtype, attr=None, location: str | None = None) -> str:
+        """Add ``op`` with a fresh output tensor; returns the output name."""
+        out = self.ser.addIntermediate(list(shape), dtype)
+        self._tensors[out.name] = out
+        if attr is None:
+            attr = ts.TosaSerializerAttribute()
+            getattr(attr, _attr_name(op))()
+        loc = ts.TosaOpLocation(location) if location else None
+        self.ser.addOperator(op, list(inputs), [out.name], attr, loc)
+        key = op.name
+        self.op_count[key] = self.op_count.get(key, 0) + 1
+        return out.name
+
+    def output(self, name: str) -> None:
+        """Mark a tensor as a graph output (in call order)."""
+        self.ser.addOutputTensor(self._tensors[name])
+
+    def serialize(self) -> bytes:
+        return bytes(self.ser.serialize())
+
+
+def _attr_name(op) -> str:
+    """Op.REDUCE_MAX -> 'ReduceMaxAttribute' (for attributes without arguments)."""
+    return "".join(w.capitalize() for w in op.name.split("_")) + "Attribute"

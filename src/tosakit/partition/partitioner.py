@@ -1,0 +1,214 @@
+"""Capability-based partitioning with reasons: every node ends up placed, and explained."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from ..quantize.qdq import is_dequantize, is_quantize
+from ..specs import CompileSpec
+from .support import refusal
+
+TAG_KEY = "delegation_tag"
+# Why quantize/dequantize at a delegate's edge stay on the CPU (shown in reports).
+BOUNDARY_Q = "quantizes a float input for the delegate (stays on the CPU)"
+BOUNDARY_DQ = "dequantizes a delegate output back to float (stays on the CPU)"
+SupportFn = Callable[[Node], "str | None"]
+
+
+@dataclass(frozen=True)
+class DelegationSpec:
+    """Which backend a partition goes to, and the compile specs stored with it."""
+
+    backend_id: str
+    compile_specs: list[CompileSpec]
+
+
+@dataclass
+class NodePlacement:
+    """Where one graph node runs: a delegate tag, or the CPU with the reason."""
+
+    node: str
+    target: str
+    placement: str  # "delegate" or "cpu"
+    tag: str | None = None
+    reason: str | None = None
+    source: str | None = None
+
+
+@dataclass
+class PartitionResult:
+    """The tagged graph, the delegation spec per tag, and the placement of every op."""
+
+    graph_module: GraphModule
+    partition_tags: dict[str, DelegationSpec]
+    placements: list[NodePlacement] = field(default_factory=list)
+
+    def cpu_nodes(self) -> list[NodePlacement]:
+        return [p for p in self.placements if p.placement == "cpu"]
+
+
+class _Supported(OperatorSupportBase):
+    def __init__(self, nodes: set[Node]):
+        self.nodes = nodes
+
+    def is_node_supported(self, submodules, node: Node) -> bool:
+        return node in self.nodes
+
+
+def _is_float(node: Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+def _computes(node: Node) -> bool:
+    return not (is_quantize(node) or is_dequantize(node) or node.target is operator.getitem)
+
+
+def source_of(node: Node) -> str | None:
+    """'file.py:12' of the user code that created ``node``, when known."""
+    stack = node.meta.get("stack_trace") or ""
+    frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
+    if not frames:
+        return None
+    text = frames[-1][5:]
+    path, _, rest = text.partition(", line ")
+    return f"{path.strip(chr(34))}:{rest.split(',')[0]}"
+
+
+class Partitioner:
+    """Tags the largest supported subgraphs for one backend and explains the rest."""
+
+    def __init__(self, delegation_spec: DelegationSpec, support: SupportFn, integer_io_only: bool,
+                 additional_checks: Sequence[OperatorSupportBase] | None = None):
+        self.delegation_spec = delegation_spec
+        self.support = support
+        self.integer_io_only = integer_io_only
+        self.additional_checks = list(additional_checks or [])
+
+    def reason(self, node: Node) -> str | None:
+        """Why ``node`` cannot be delegated (None if it can)."""
+        for check in self.additional_checks:
+            why = refusal(check, node)
+            if why:
+                return why
+        return self.support(node)
+
+    def partition_graph(self, gm: GraphModule) -> PartitionResult:
+        """Tag ``gm`` in place; return the tags and a placement for every op."""
+        reasons: dict[Node, str] = {}
+        supported = set()
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            why = self.reason(node)
+            if why is None:
+                supported.add(node)
+            else:
+                reasons[node] = why
+        groups = self._propose(gm, supported)
+        groups = [self._trim(g, reasons) for g in groups]
+        groups = self._propose(gm, set().union(*groups)) if groups else []
+        tags: dict[str, DelegationSpec] = {}
+        for group in groups:
+            if not any(_computes(n) for n in group):
+                for n in group:
+                    reasons[n] = "nothing but quantize/dequantize: not worth a delegate"
+                continue
+            tag = f"tag{len(tags)}"
+            tags[tag] = self.delegation_spec
+            for n in group:
+                n.meta[TAG_KEY] = tag
+        return PartitionResult(gm, tags, self._placements(gm, reasons))
+
+    def _propose(self, gm: GraphModule, nodes: set[Node]) -> list[set[Node]]:
+        if not nodes:
+            return []
+        cbp = CapabilityBasedPartitioner(gm, _Supported(nodes), allows_single_node_partition=True)
+        return [set(p.nodes) for p in cbp.propose_partitions()]
+
+    def _trim(self, group: set[Node], reasons: dict[Node, str]) -> set[Node]:
+        """Leave boundary quantize/dequantize (and, for integer-only targets, any float I/O) to the CPU."""
+        changed = True
+        while changed:
+            changed = False
+            for n in list(group):
+                why = None
+                if is_quantize(n) and n.args[0] not in group:
+                    why = BOUNDARY_Q
+                elif is_dequantize(n) and not any(u in group for u in n.users):
+                    why = BOUNDARY_DQ
+                elif self.integer_io_only and _is_float(n) and any(u not in group for u in n.users):
+                    why = "its float output would leave an integer-only delegate"
+                elif self.integer_io_only and any(_is_float(a) and a.op == "placeholder" or
+                                                  (_is_float(a) and a.op == "call_function" and a not in group)
+                                                  for a in n.all_input_nodes):
+                    why = "its float input would enter an integer-only delegate"
+                if why:
+                    group.discard(n)
+                    reasons[n] = why
+                    changed = True
+        return group
+
+    def _placements(self, gm: GraphModule, reasons: dict[Node, str]) -> list[NodePlacement]:
+        out = []
+        for n in gm.graph.nodes:
+            if n.op != "call_function" or n.target is operator.getitem:
+                continue
+            tag = n.meta.get(TAG_KEY)
+            out.append(NodePlacement(n.name, str(n.target), "delegate" if tag else "cpu", tag,
+                                     None if tag else reasons.get(n, "not part of any delegate"), source_of(n)))
+        return out
+
+
+@dataclass
+class Subgraph:
+    """One tagged partition as a standalone graph, with the outer values it reads and writes."""
+
+    graph_module: GraphModule
+    inputs: list[Node]  # outer nodes feeding the partition, in placeholder order
+    outputs: list[Node]  # outer (tagged) nodes whose values leave the partition, in output order
+    constants: list[Node]  # outer get_attr nodes the partition owns
+
+
+def extract_subgraph(gm: GraphModule, tag: str) -> Subgraph:
+    """Copy the nodes tagged ``tag`` into a new GraphModule (constants copied as attributes)."""
+    members = [n for n in gm.graph.nodes if n.meta.get(TAG_KEY) == tag]
+    member_set = set(members)
+    outer = list(dict.fromkeys(a for n in members for a in n.all_input_nodes if a not in member_set))
+    owned = [a for a in outer if a.op == "get_attr" and all(u in member_set for u in a.users)]
+    inputs = [a for a in outer if a not in owned]
+    graph = torch.fx.Graph()
+    sub = torch.nn.Module()
+    env: dict[Node, Node] = {}
+    for a in inputs:
+        env[a] = graph.placeholder(a.name)
+    for a in owned:
+        env[a] = graph.get_attr(a.target)
+        _copy_attr(gm, sub, a.target)
+    for a in outer:
+        env[a].meta = dict(a.meta)
+    for n in members:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    outputs = [n for n in members if any(u not in member_set for u in n.users)]
+    graph.output(tuple(env[n] for n in outputs))
+    return Subgraph(GraphModule(sub, graph), inputs, outputs, owned)
+
+
+def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:
+    value = src
+    for part in target.split("."):
+        value = getattr(value, part)
+    *path, leaf = target.split(".")
+    mod = dst
+    for part in path:
+        if not hasattr(mod, part):
+            mod.add_module(part, torch.nn.Module())
+        mod = getattr(mod, part)
+    mod.register_buffer(leaf, value)

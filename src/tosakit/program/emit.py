@@ -1,0 +1,347 @@
+"""Emit a lowered graph as an ExecuTorch program: values, memory plan, kernel and delegate calls."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx import GraphModule, Node
+
+from pathlib import Path
+
+from ..errors import TosakitError, UnsupportedOpError
+from .pte import constant_segment_bytes
+from .schema import (
+    AllocationDetails,
+    BackendDelegate,
+    BackendDelegateDataReference,
+    BackendDelegateInlineData,
+    Bool,
+    BoolList,
+    Chain,
+    ContainerMetadata,
+    DataLocation,
+    DelegateCall,
+    Double,
+    DoubleList,
+    EValue,
+    ExecutionPlan,
+    Instruction,
+    Int,
+    IntList,
+    KernelCall,
+    NamedData,
+    Null,
+    Operator,
+    Program,
+    String,
+    SubsegmentOffsets,
+    Tensor,
+    TensorList,
+    scalar_type_of,
+)
+
+ALIGNMENT = 16
+
+# The .out kernels ExecuTorch registers for the quantize/dequantize ops (torch has no .out for them).
+QD_OUT_SCHEMAS = {
+    "quantized_decomposed.quantize_per_tensor.default":
+        "quantized_decomposed::quantize_per_tensor.out(Tensor input, float scale, int zero_point, int quant_min, "
+        "int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)",
+    "quantized_decomposed.dequantize_per_tensor.default":
+        "quantized_decomposed::dequantize_per_tensor.out(Tensor input, float scale, int zero_point, int quant_min, "
+        "int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, Tensor(a!) out) -> Tensor(a!)",
+    "quantized_decomposed.quantize_per_channel.default":
+        "quantized_decomposed::quantize_per_channel.out(Tensor input, Tensor scales, Tensor zero_points, int axis, "
+        "int quant_min, int quant_max, ScalarType dtype, *, Tensor(a!) out) -> Tensor(a!)",
+    "quantized_decomposed.dequantize_per_channel.default":
+        "quantized_decomposed::dequantize_per_channel.out(Tensor input, Tensor scales, Tensor? zero_points, "
+        "int axis, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None, "
+        "Tensor(a!) out) -> Tensor(a!)",
+}
+
+
+def executorch_call_delegate(lowered_module, *args):
+    """Graph marker for a delegate call; running it runs the delegate's reference graph."""
+    return lowered_module(*args)
+
+
+def runtime_kernels() -> frozenset[str]:
+    """'aten::add.out', ...: the kernels the ExecuTorch runtime can resolve."""
+    text = (Path(__file__).parent / "kernels.txt").read_text()
+    return frozenset(ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
+
+
+def _copy_variant(target):
+    """Views run as copies on the CPU runtime: aten.view.default -> aten.view_copy.default."""
+    packet = getattr(torch.ops.aten, target.overloadpacket.__name__ + "_copy", None)
+    return getattr(packet, target._overloadname, None) if packet is not None else None
+
+
+def out_schema(target) -> torch._C.FunctionSchema:
+    """The ``.out`` schema of the runtime kernel that runs ``target`` on the CPU."""
+    key = str(target)
+    if key in QD_OUT_SCHEMAS:
+        return torch._C.parse_schema(QD_OUT_SCHEMAS[key])
+    if not isinstance(target, torch._ops.OpOverload):
+        raise TosakitError(f"{target} is not an ATen operator the CPU runtime can run",
+                           "keep the model to torch operators (no Python functions in forward)")
+    kernels = runtime_kernels()
+    for fn in (target, _copy_variant(target)):
+        if fn is None:
+            continue
+        names = [a.name for a in fn._schema.arguments]
+        packet = fn.overloadpacket
+        for overload in packet.overloads():
+            cand = getattr(packet, overload)._schema
+            if (any(a.is_out for a in cand.arguments) and [a.name for a in cand.arguments if not a.is_out] == names
+                    and f"{cand.name}.{cand.overload_name}" in kernels):
+                return cand
+    raise UnsupportedOpError(f"{target} has no kernel in the ExecuTorch CPU runtime",
+                             "delegate it: pick a target that lowers it (see the report), or quantize with "
+                             "--quantize so the NPU can take it")
+
+
+@dataclass
+class PlannedTensor:
+    value: int
+    nbytes: int
+    first: int
+    last: int
+    offset: int = 0
+
+
+@dataclass
+class EmittedProgram:
+    """The program table, its segment bytes, and the memory plan summary."""
+
+    program: Program
+    segments: list[bytes]
+    arena_bytes: int
+    constant_bytes: int
+    kernel_ops: list[str] = field(default_factory=list)
+
+
+def encode_treespec(spec) -> str | None:
+    """The pytree spec as ExecuTorch stores it (torch's JSON treespec dump)."""
+    return None if spec is None else pytree.treespec_dumps(spec)
+
+
+class Emitter:
+    """Walks the final graph once, building the ``ExecutionPlan``."""
+
+    def __init__(self, gm: GraphModule):
+        self.gm = gm
+        self.values: list[EValue] = []
+        self.node_value: dict[Node, int] = {}
+        self.instructions: list[Instruction] = []
+        self.operators: list[Operator] = []
+        self.delegates: list[BackendDelegate] = []
+        self.delegate_data: list[BackendDelegateInlineData] = []
+        self.constants: list[bytes] = []
+        self.planned: dict[int, PlannedTensor] = {}
+        self.named: list[tuple[str, bytes]] = []
+
+    # ------------------------------------------------------------ values
+
+    def _add(self, val) -> int:
+        self.values.append(EValue(val))
+        return len(self.values) - 1
+
+    def _tensor_value(self, t: torch.Tensor, planned: bool) -> int:
+        idx = self._add(Tensor(scalar_type=scalar_type_of(t.dtype), sizes=list(t.shape),
+                               dim_order=list(range(t.dim()))))
+        if planned:
+            nbytes = max(t.numel() * t.element_size(), 1)
+            self.planned[idx] = PlannedTensor(idx, nbytes, len(self.instructions), len(self.instructions))
+        return idx
+
+    def _constant(self, t: torch.Tensor) -> int:
+        t = t.detach().contiguous()
+        self.constants.append(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.view(torch.int16).numpy().tobytes())
+        return self._add(Tensor(scalar_type=scalar_type_of(t.dtype), sizes=list(t.shape),
+                                dim_order=list(range(t.dim())), data_buffer_idx=len(self.constants)))
+
+    def _use(self, idx: int) -> int:
+        if idx in self.planned:
+            self.planned[idx].last = max(self.planned[idx].last, len(self.instructions))
+        return idx
+
+    def _arg(self, value, type_name: str, like: torch.Tensor | None) -> int:
+        """The EValue index for one kernel argument of schema type ``type_name``."""
+        base = type_name
+        while base.startswith("Optional["):
+            base = base[len("Optional["):-1]
+        if value is None:
+            return self._add(Null())
+        if base == "Tensor":
+            if isinstance(value, Node):
+                return self._use(self.node_value[value])
+            return self._constant(torch.tensor(value, dtype=like.dtype if like is not None else torch.float32))
+        if base in ("List[Tensor]", "List[Optional[Tensor]]"):
+            return self._add(TensorList([self._arg(v, "Optional[Tensor]", like) for v in value]))
+        if base == "ScalarType" or isinstance(value, torch.dtype):
+            return self._add(Int(int(scalar_type_of(value))))
+        if base == "bool" or isinstance(value, bool):
+            return self._add(Bool(bool(value)))
+        if base in ("int", "SymInt") or (base == "number" and isinstance(value, int)):
+            return self._add(Int(int(value)))
+        if base in ("float", "number"):
+            return self._add(Double(float(value)))
+        if base in ("List[int]", "List[SymInt]"):
+            return self._add(IntList([self._add(Int(int(v))) for v in value]))
+        if base == "List[float]":
+            return self._add(DoubleList([float(v) for v in value]))
+        if base == "List[bool]":
+            return self._add(BoolList([bool(v) for v in value]))
+        if base == "str":
+            return self._add(String(str(value)))
+        if base in ("MemoryFormat", "Layout", "Device"):
+            return self._add(Null())
+        raise TosakitError(f"cannot emit a CPU kernel argument of type {type_name} ({value!r})",
+                           "this operator's CPU kernel call is not supported; please report it")
+
+    # ------------------------------------------------------------ instructions
+
+    def _operator(self, schema: torch._C.FunctionSchema) -> int:
+        op = Operator(schema.name, schema.overload_name)
+        if op not in self.operators:
+            self.operators.append(op)
+        return self.operators.index(op)
+
+    def _kernel_call(self, node: Node) -> None:
+        schema = out_schema(node.target)
+        fn_args = node.target._schema.arguments if isinstance(node.target, torch._ops.OpOverload) else None
+        bound = dict(node.kwargs)
+        names = [a.name for a in fn_args] if fn_args is not None else [a.name for a in schema.arguments if not a.is_out]
+        bound.update(zip(names, node.args))
+        val = node.meta["val"]
+        outs = list(val) if isinstance(val, (tuple, list)) else [val]
+        like = outs[0] if isinstance(outs[0], torch.Tensor) else None
+        args, out_idx = [], []
+        for a in schema.arguments:
+            if a.is_out:
+                continue
+            default = a.default_value if a.has_default_value() else None
+            args.append((a, bound.get(a.name, default)))
+        arg_values = [self._arg(v, str(a.real_type), like) for a, v in args]
+        for t in outs:
+            out_idx.append(self._tensor_value(t, planned=True))
+        self.node_value[node] = out_idx[0] if len(out_idx) == 1 else tuple(out_idx)
+        full, outs_left = [], iter(out_idx)
+        arg_iter = iter(arg_values)
+        for a in schema.arguments:
+            full.append(next(outs_left) if a.is_out else next(arg_iter))
+        self.instructions.append(Instruction(KernelCall(self._operator(schema), [*full, *out_idx])))
+
+    def _delegate_call(self, node: Node) -> None:
+        lowered = self.gm.get_submodule(node.args[0].target)
+        inputs = [self._use(self.node_value[a]) for a in node.args[1:]]
+        outs = [self._tensor_value(t, planned=True) for t in node.meta["val"]]
+        self.node_value[node] = tuple(outs)
+        self.delegate_data.append(BackendDelegateInlineData(lowered.processed_bytes))
+        self.delegates.append(BackendDelegate(lowered.backend_id,
+                                              BackendDelegateDataReference(DataLocation.INLINE,
+                                                                           len(self.delegate_data) - 1),
+                                              list(lowered.compile_specs)))
+        for key, data in lowered.named_data.items():
+            self.named.append((key, data))
+        self.instructions.append(Instruction(DelegateCall(len(self.delegates) - 1, [*inputs, *outs])))
+
+    # ------------------------------------------------------------ whole program
+
+    def emit(self, in_spec=None, out_spec=None, name: str = "forward") -> EmittedProgram:
+        inputs, outputs = [], []
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                idx = self._tensor_value(node.meta["val"], planned=True)
+                self.node_value[node] = idx
+                inputs.append(idx)
+            elif node.op == "get_attr":
+                value = _attr(self.gm, node.target)
+                if isinstance(value, torch.Tensor):
+                    self.node_value[node] = self._constant(value)
+            elif node.op == "call_function" and node.target is executorch_call_delegate:
+                self._delegate_call(node)
+            elif node.op == "call_function" and node.target is operator.getitem:
+                self.node_value[node] = self.node_value[node.args[0]][node.args[1]]
+            elif node.op == "call_function":
+                self._kernel_call(node)
+            elif node.op == "output":
+                for a in node.args[0]:
+                    if not isinstance(a, Node) or a.op in ("placeholder", "get_attr"):
+                        raise TosakitError(f"model output {a} is an input or a constant, which a .pte cannot return",
+                                           "return computed tensors only (e.g. x.clone() for a passthrough)")
+                    outputs.append(self.node_value[a])
+            else:
+                raise TosakitError(f"unexpected graph node {node.format_node()}",
+                                   "export with torch.export.export so the graph holds only ATen ops")
+        for idx in inputs:  # inputs are written before the first instruction, outputs read after the last
+            self.planned[idx].first = 0
+        for idx in outputs:
+            self.planned[idx].last = len(self.instructions)
+        arena = plan_memory(list(self.planned.values()))
+        for p in self.planned.values():
+            self.values[p.value].val.allocation_info = AllocationDetails(1, p.offset & 0xFFFFFFFF, p.offset >> 32)
+        segments, const_offsets = [], [0]
+        if self.constants:
+            data, const_offsets = constant_segment_bytes(self.constants)
+            segments.append(data)
+        named_data = []
+        for key, blob in self.named:
+            segments.append(blob)
+            named_data.append(NamedData(key, len(segments) - 1))
+        plan = ExecutionPlan(
+            name=name,
+            container_meta_type=ContainerMetadata(encode_treespec(in_spec), encode_treespec(out_spec)),
+            values=self.values,
+            inputs=inputs,
+            outputs=outputs,
+            chains=[Chain(inputs=inputs, outputs=outputs, instructions=self.instructions)],
+            operators=self.operators,
+            delegates=self.delegates,
+            non_const_buffer_sizes=[0, arena],
+        )
+        program = Program(
+            version=0,
+            execution_plan=[plan],
+            backend_delegate_data=self.delegate_data,
+            constant_segment=SubsegmentOffsets(0, const_offsets),
+            named_data=named_data,
+        )
+        ops = [f"{o.name}.{o.overload}" for o in self.operators]
+        return EmittedProgram(program, segments, arena, sum(len(c) for c in self.constants), ops)
+
+
+def _attr(gm: GraphModule, target: str):
+    value = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def plan_memory(tensors: list[PlannedTensor]) -> int:
+    """Greedy by size: each tensor takes the lowest 16-aligned offset free over its lifetime."""
+    placed: list[PlannedTensor] = []
+    arena = 0
+    for t in sorted(tensors, key=lambda t: (-t.nbytes, t.first)):
+        size = -(-t.nbytes // ALIGNMENT) * ALIGNMENT
+        busy = sorted((p.offset, p.offset + -(-p.nbytes // ALIGNMENT) * ALIGNMENT) for p in placed
+                      if p.first <= t.last and t.first <= p.last)
+        offset = 0
+        for start, stop in busy:
+            if offset + size <= start:
+                break
+            offset = max(offset, stop)
+        t.offset = offset
+        placed.append(t)
+        arena = max(arena, offset + size)
+    return arena
+
+
+def program_from_graph(gm: GraphModule, in_spec=None, out_spec=None) -> EmittedProgram:
+    """Emit ``gm`` (user inputs as placeholders, delegates as executorch_call_delegate)."""
+    return Emitter(gm).emit(in_spec, out_spec)
+

@@ -1,0 +1,131 @@
+"""Reading a converted (quantize/dequantize) graph: qparams and integer regions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.fx import Node
+
+from .quantizer import FUSABLE_ACTIVATIONS
+
+qd = torch.ops.quantized_decomposed
+QUANTIZE_OPS = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor, qd.quantize_per_channel.default}
+DEQUANTIZE_OPS = {qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor, qd.dequantize_per_channel.default}
+
+
+INTEGER_KEY = "tosakit_integer"
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Affine integer quantization of one tensor: real = (q - zero_point) * scale."""
+
+    scale: np.ndarray  # shape () per tensor, (C,) per channel
+    zero_point: np.ndarray
+    qmin: int
+    qmax: int
+    dtype: torch.dtype
+    axis: int | None = None
+
+    @property
+    def per_channel(self) -> bool:
+        return self.axis is not None
+
+    @property
+    def s(self) -> float:
+        """The per-tensor scale as a float."""
+        return float(self.scale)
+
+    @property
+    def zp(self) -> int:
+        """The per-tensor zero point as an int."""
+        return int(self.zero_point)
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        """Float to integer exactly as the quantized_decomposed kernels do."""
+        if self.per_channel:
+            shape = [1] * x.dim()
+            shape[self.axis] = -1
+            scale = torch.as_tensor(self.scale, dtype=torch.float32).reshape(shape)
+            zp = torch.as_tensor(self.zero_point).reshape(shape)
+        else:
+            scale, zp = self.s, self.zp
+        return torch.clamp(torch.round(x / scale) + zp, self.qmin, self.qmax).to(self.dtype)
+
+    def dequantize(self, q: torch.Tensor) -> torch.Tensor:
+        """Integer to float."""
+        if self.per_channel:
+            shape = [1] * q.dim()
+            shape[self.axis] = -1
+            scale = torch.as_tensor(self.scale, dtype=torch.float32).reshape(shape)
+            zp = torch.as_tensor(self.zero_point).reshape(shape)
+            return (q.to(torch.float32) - zp) * scale
+        return (q.to(torch.float32) - self.zp) * self.s
+
+
+def is_quantize(node) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in QUANTIZE_OPS
+
+
+def is_dequantize(node) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in DEQUANTIZE_OPS
+
+
+def _literal(arg, gm=None) -> np.ndarray:
+    if isinstance(arg, Node):
+        if arg.op != "get_attr" or gm is None:
+            raise ValueError(f"qparam {arg.name} is not a constant")
+        value = gm
+        for part in arg.target.split("."):
+            value = getattr(value, part)
+        return value.detach().cpu().numpy()
+    return np.asarray(arg)
+
+
+def qparams_of(node: Node, gm=None) -> QParams:
+    """QParams of a quantize/dequantize node (``gm`` resolves per-channel constants)."""
+    args = node.args
+    if node.target in (qd.quantize_per_channel.default, qd.dequantize_per_channel.default):
+        _, scale, zp, axis, qmin, qmax, dtype = args[:7]
+        return QParams(_literal(scale, gm).astype(np.float32), _literal(zp, gm).astype(np.int64),
+                       int(qmin), int(qmax), dtype, int(axis))
+    _, scale, zp, qmin, qmax, dtype = args[:6]
+    return QParams(np.float32(_literal(scale, gm)), np.int64(_literal(zp, gm)), int(qmin), int(qmax), dtype)
+
+
+def _float_tensor_inputs(node: Node) -> list[Node]:
+    return [a for a in node.all_input_nodes
+            if isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].dtype.is_floating_point]
+
+
+def _outputs_all_quantized(node: Node) -> bool:
+    return bool(node.users) and all(is_quantize(u) for u in node.users)
+
+
+def fused_activation_of(node: Node) -> Node | None:
+    """The activation after ``node`` that runs inside it in integer lowering, if any."""
+    users = list(node.users)
+    if len(users) == 1 and users[0].op == "call_function" and users[0].target in FUSABLE_ACTIVATIONS:
+        act = users[0]
+        if _outputs_all_quantized(act):
+            return act
+    return None
+
+
+def is_integer_node(node: Node) -> bool:
+    """True when ``node`` computes on integers: float inputs all dequantized, outputs all quantized."""
+    if node.op != "call_function" or is_quantize(node) or is_dequantize(node):
+        return False
+    if node.meta.get(INTEGER_KEY):  # already folded by the lowering passes
+        return True
+    inputs = _float_tensor_inputs(node)
+    if inputs and all(is_dequantize(a) for a in inputs):
+        if _outputs_all_quantized(node) or fused_activation_of(node) is not None:
+            return True
+    # an activation fused into the integer op before it
+    if node.target in FUSABLE_ACTIVATIONS and len(inputs) == 1:
+        producer = inputs[0]
+        return fused_activation_of(producer) is node and is_integer_node(producer)
+    return False

@@ -1,0 +1,385 @@
+"""Targets and compile specs: which TOSA profile, which NPU, which Vela flags.
+
+This is the base layer every stage reads. Names and signatures follow the
+ExecuTorch Arm backend (``EthosUCompileSpec``, ``VgfCompileSpec``, ...).
+"""
+
+from __future__ import annotations
+
+import configparser
+import enum
+import importlib.util
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import TosakitError, did_you_mean
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """One key/value pair stored with a delegate in the .pte (value is bytes)."""
+
+    key: str
+    value: bytes
+
+
+# --------------------------------------------------------------------------- TOSA
+
+TOSA_PROFILES = ("INT", "FP")
+TOSA_EXTENSIONS = ("int16", "int4", "int64", "bf16", "fp8e4m3", "fp8e5m2", "cf", "u55", "variable", "shape")
+
+
+@dataclass(frozen=True)
+class TosaSpecification:
+    """A TOSA target such as ``TOSA-1.0+INT+int16``: version, profiles, extensions."""
+
+    version: tuple[int, int]
+    profiles: tuple[str, ...]
+    extensions: tuple[str, ...] = ()
+
+    @classmethod
+    def create_from_string(cls, text: str) -> "TosaSpecification":
+        """Parse ``TOSA-<major>.<minor>+PROFILE[+PROFILE][+ext...]``."""
+        parts = text.strip().split("+")
+        head = parts[0]
+        if not head.upper().startswith("TOSA-"):
+            raise TosakitError(
+                f"TOSA specification {text!r} must start with 'TOSA-1.0'",
+                "write it like 'TOSA-1.0+INT' or 'TOSA-1.0+FP+INT+int16'",
+            )
+        try:
+            major, minor = (int(x) for x in head[5:].split("."))
+        except ValueError:
+            raise TosakitError(f"TOSA specification {text!r} has no valid version", "use 'TOSA-1.0+INT'") from None
+        if (major, minor) != (1, 0):
+            raise TosakitError(
+                f"TOSA version {major}.{minor} in {text!r} is not supported",
+                "tosakit writes TOSA 1.0 (the version Vela 5.2 and model-converter read): use 'TOSA-1.0+...'",
+            )
+        profiles, extensions = [], []
+        for p in parts[1:]:
+            if p.upper() in TOSA_PROFILES:
+                profiles.append(p.upper())
+            elif p.lower() in TOSA_EXTENSIONS:
+                extensions.append(p.lower())
+            else:
+                raise TosakitError(
+                    f"unknown TOSA profile or extension {p!r} in {text!r}",
+                    f"profiles: {', '.join(TOSA_PROFILES)}; extensions: {', '.join(TOSA_EXTENSIONS)}",
+                )
+        if not profiles:
+            raise TosakitError(f"TOSA specification {text!r} names no profile", "add '+INT' and/or '+FP'")
+        return cls((major, minor), tuple(profiles), tuple(extensions))
+
+    def support_integer(self) -> bool:
+        return "INT" in self.profiles
+
+    def support_float(self) -> bool:
+        return "FP" in self.profiles
+
+    def support_extension(self, ext: str) -> bool:
+        return ext in self.extensions
+
+    @property
+    def is_u55_subset(self) -> bool:
+        """True when only the Ethos-U55/U65 subset of TOSA may be used."""
+        return "u55" in self.extensions
+
+    def __str__(self) -> str:
+        return "+".join([f"TOSA-{self.version[0]}.{self.version[1]}", *self.profiles, *self.extensions])
+
+
+# ------------------------------------------------------------------------ targets
+
+ETHOSU_TARGETS = {
+    "ethos-u55-32": 32,
+    "ethos-u55-64": 64,
+    "ethos-u55-128": 128,
+    "ethos-u55-256": 256,
+    "ethos-u65-256": 256,
+    "ethos-u65-512": 512,
+    "ethos-u85-128": 128,
+    "ethos-u85-256": 256,
+    "ethos-u85-512": 512,
+    "ethos-u85-1024": 1024,
+    "ethos-u85-2048": 2048,
+}
+TOSA_TARGETS = ("TOSA-1.0+INT", "TOSA-1.0+FP")
+ALL_TARGETS = (*ETHOSU_TARGETS, "vgf", *TOSA_TARGETS)
+
+# Vela's defaults per NPU family, as ExecuTorch's Arm backend sets them.
+_ETHOSU_DEFAULTS = {
+    "ethos-u55": ("Ethos_U55_High_End_Embedded", "Shared_Sram"),
+    "ethos-u65": ("Ethos_U65_High_End", "Dedicated_Sram_384KB"),
+    "ethos-u85": ("Ethos_U85_SYS_DRAM_Mid", "Sram_Only"),
+}
+
+
+def npu_family(target: str) -> str:
+    """'ethos-u55-128' -> 'ethos-u55'."""
+    return target.rsplit("-", 1)[0]
+
+
+def _vela_config_dir() -> Path | None:
+    spec = importlib.util.find_spec("ethosu")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "config_files"
+
+
+def resolve_vela_config(config_ini: str) -> Path:
+    """Find a Vela .ini by path or by name inside Vela's own config_files folder."""
+    direct = Path(config_ini)
+    if direct.is_file():
+        return direct.resolve()
+    base = _vela_config_dir()
+    if base is not None and (base / config_ini).is_file():
+        return base / config_ini
+    raise TosakitError(
+        f"Vela configuration file {config_ini!r} not found",
+        "pass a readable .ini path, or 'Arm/vela.ini' for the one Vela ships",
+    )
+
+
+def vela_config_sections(config_ini: str) -> tuple[list[str], list[str]]:
+    """System configs and memory modes named in a Vela .ini file."""
+    parser = configparser.ConfigParser()
+    parser.read(resolve_vela_config(config_ini))
+    systems = [s.split(".", 1)[1] for s in parser.sections() if s.startswith("System_Config.")]
+    modes = [s.split(".", 1)[1] for s in parser.sections() if s.startswith("Memory_Mode.")]
+    return systems, modes
+
+
+# ------------------------------------------------------------------ compile specs
+
+
+class DebugMode(enum.Enum):
+    """What ``dump_debug_info`` writes beside the intermediates."""
+
+    JSON = 1
+    TOSA = 2
+
+
+@dataclass
+class ArmCompileSpec:
+    """What all Arm targets share: a TOSA spec, compiler flags, debug outputs."""
+
+    tosa_spec: TosaSpecification
+    compiler_flags: list[str] = field(default_factory=list)
+    path_for_intermediates: str | None = None
+    tosa_debug_mode: DebugMode | None = None
+    # Carry each delegate's TOSA inside the .pte (named data) so the host runtime can run it.
+    embed_tosa: bool = False
+    # Keep quantized model inputs/outputs as integers (no CPU quantize/dequantize around them).
+    preserve_io_quantization: bool = False
+
+    output_format = "tosa"
+    backend_id = "TOSABackend"
+
+    def dump_intermediate_artifacts_to(self, output_path: str | None):
+        """Set a folder for intermediate results (TOSA, Vela output, report)."""
+        self.path_for_intermediates = None if output_path is None else str(output_path)
+        return self
+
+    def get_intermediate_path(self) -> str | None:
+        """The folder intermediates are written to, if any."""
+        return self.path_for_intermediates
+
+    def dump_debug_info(self, debug_mode: DebugMode | None):
+        """Write extra debug information into the intermediates folder."""
+        self.tosa_debug_mode = debug_mode
+        return self
+
+    @classmethod
+    def get_output_format(cls) -> str:
+        """The delegate payload kind this spec produces ('tosa', 'vela', 'vgf')."""
+        return cls.output_format
+
+    def to_list(self) -> list[CompileSpec]:
+        """The compile specs stored beside the delegate, in ExecuTorch's key order."""
+        specs = [CompileSpec("tosa_spec", str(self.tosa_spec).encode())]
+        if self.compiler_flags:
+            specs.append(CompileSpec("compile_flags", " ".join(self.compiler_flags).encode()))
+        specs.append(CompileSpec("output_format", self.get_output_format().encode()))
+        if self.path_for_intermediates is not None:
+            specs.append(CompileSpec("debug_artifact_path", self.path_for_intermediates.encode()))
+        return specs
+
+    @property
+    def target_name(self) -> str:
+        return str(self.tosa_spec)
+
+
+def _as_flag_list(flags) -> list[str]:
+    if flags is None:
+        return []
+    if isinstance(flags, str):
+        return shlex.split(flags)
+    return [str(f) for f in flags]
+
+
+class TosaCompileSpec(ArmCompileSpec):
+    """Compile spec for raw TOSA output (``TOSABackend``)."""
+
+    def __init__(self, tosa_spec: TosaSpecification | str = "TOSA-1.0+INT"):
+        if isinstance(tosa_spec, str):
+            tosa_spec = TosaSpecification.create_from_string(tosa_spec)
+        super().__init__(tosa_spec=tosa_spec)
+
+
+class VgfCompileSpec(ArmCompileSpec):
+    """Compile spec for VGF (ML SDK for Vulkan) through ``model-converter``."""
+
+    output_format = "vgf"
+    backend_id = "VgfBackend"
+
+    def __init__(self, tosa_spec: TosaSpecification | str | None = None, compiler_flags: list[str] | None = None):
+        if tosa_spec is None:
+            tosa_spec = "TOSA-1.0+FP+INT+int4+int16"
+        if isinstance(tosa_spec, str):
+            tosa_spec = TosaSpecification.create_from_string(tosa_spec)
+        super().__init__(tosa_spec=tosa_spec, compiler_flags=_as_flag_list(compiler_flags))
+
+    @property
+    def target_name(self) -> str:
+        return "vgf"
+
+
+class EthosUCompileSpec(ArmCompileSpec):
+    """Compile spec for an Ethos-U NPU, compiled by Vela."""
+
+    output_format = "vela"
+    backend_id = "EthosUBackend"
+
+    def __init__(
+        self,
+        target: str,
+        system_config: str | None = None,
+        memory_mode: str | None = None,
+        extra_flags: list[str] | str | None = None,
+        config_ini: str | None = "Arm/vela.ini",
+    ):
+        target = target.strip().lower()
+        if target not in ETHOSU_TARGETS:
+            raise TosakitError(f"unknown Ethos-U target {target!r}", did_you_mean(target, ETHOSU_TARGETS))
+        family = npu_family(target)
+        default_system, default_mode = _ETHOSU_DEFAULTS[family]
+        config_ini = config_ini or "Arm/vela.ini"
+        systems, modes = vela_config_sections(config_ini)
+        system_config = system_config or default_system
+        memory_mode = memory_mode or default_mode
+        if system_config not in systems:
+            raise TosakitError(
+                f"unknown system config {system_config!r} (not in {config_ini})", did_you_mean(system_config, systems)
+            )
+        if memory_mode not in modes:
+            raise TosakitError(
+                f"unknown memory mode {memory_mode!r} (not in {config_ini})", did_you_mean(memory_mode, modes)
+            )
+        if family == "ethos-u55" and memory_mode.startswith("Dedicated_Sram"):
+            raise TosakitError(
+                f"memory mode {memory_mode!r} is not available on {target}",
+                "Ethos-U55 has no dedicated SRAM interface: use Shared_Sram or Sram_Only",
+            )
+        prefix = family.replace("-", "_")
+        if system_config.lower().startswith("ethos_u") and not system_config.lower().startswith(prefix):
+            expected = [s for s in systems if s.lower().startswith(prefix)]
+            raise TosakitError(
+                f"system config {system_config!r} is not for {target}",
+                f"choose one made for {family}: {', '.join(expected)}",
+            )
+        self.target = target
+        self.system_config = system_config
+        self.memory_mode = memory_mode
+        self.config_ini = config_ini
+        self.extra_flags = _as_flag_list(extra_flags)
+        flags = [
+            *self.extra_flags,
+            f"--accelerator-config={target}",
+            f"--config={config_ini}",
+            "--output-format=raw",
+            f"--system-config={system_config}",
+            f"--memory-mode={memory_mode}",
+        ]
+        tosa = "TOSA-1.0+INT+int16+int4" + ("+cf" if family == "ethos-u85" else "+u55")
+        super().__init__(tosa_spec=TosaSpecification.create_from_string(tosa), compiler_flags=flags)
+
+    @property
+    def macs(self) -> int:
+        return ETHOSU_TARGETS[self.target]
+
+    @property
+    def target_name(self) -> str:
+        return self.target
+
+    def to_list(self) -> list[CompileSpec]:
+        return [*super().to_list(), CompileSpec("target", self.target.encode())]
+
+
+def compile_spec_for_target(
+    target: str,
+    system_config: str | None = None,
+    memory_mode: str | None = None,
+    extra_flags: list[str] | str | None = None,
+    config_ini: str | None = None,
+) -> ArmCompileSpec:
+    """The compile spec for a CLI target name (ethos-u*, vgf, TOSA-1.0+INT/FP)."""
+    name = target.strip()
+    if name.lower() in ETHOSU_TARGETS:
+        return EthosUCompileSpec(name, system_config, memory_mode, extra_flags, config_ini or "Arm/vela.ini")
+    if system_config or memory_mode:
+        raise TosakitError(
+            f"--system_config/--memory_mode only apply to Ethos-U targets, not {target!r}",
+            "drop them, or choose an ethos-u55/u65/u85 target",
+        )
+    if name.lower() == "vgf":
+        return VgfCompileSpec(compiler_flags=extra_flags)
+    if name.upper().startswith("TOSA-"):
+        return TosaCompileSpec(name)
+    raise TosakitError(f"unknown target {target!r}", did_you_mean(name, ALL_TARGETS))
+
+
+class ArmCompileSpecBuilder:
+    """The older builder API: ``ArmCompileSpecBuilder().ethosu_compile_spec(...).build()``."""
+
+    def __init__(self):
+        self._spec: ArmCompileSpec | None = None
+        self._intermediates: str | None = None
+
+    def ethosu_compile_spec(self, target, system_config=None, memory_mode=None, extra_flags=None, config_ini="Arm/vela.ini"):
+        self._spec = EthosUCompileSpec(target, system_config, memory_mode, extra_flags, config_ini)
+        return self
+
+    def tosa_compile_spec(self, tosa_spec="TOSA-1.0+INT"):
+        self._spec = TosaCompileSpec(tosa_spec)
+        return self
+
+    def vgf_compile_spec(self, tosa_spec=None, compiler_flags=None):
+        self._spec = VgfCompileSpec(tosa_spec, compiler_flags)
+        return self
+
+    def dump_intermediate_artifacts_to(self, output_path):
+        self._intermediates = output_path
+        return self
+
+    def build(self) -> ArmCompileSpec:
+        if self._spec is None:
+            raise TosakitError("ArmCompileSpecBuilder.build() called before choosing a target",
+                               "call .ethosu_compile_spec(...), .vgf_compile_spec(...) or .tosa_compile_spec(...) first")
+        return self._spec.dump_intermediate_artifacts_to(self._intermediates) if self._intermediates else self._spec
+
+
+def generate_ethosu_compile_spec(target, system_config=None, memory_mode=None, extra_flags=None, config_ini="Arm/vela.ini"):
+    """Older helper: the same as ``EthosUCompileSpec(...)``."""
+    return EthosUCompileSpec(target, system_config, memory_mode, extra_flags, config_ini)
+
+
+def generate_tosa_compile_spec(tosa_spec="TOSA-1.0+INT"):
+    """Older helper: the same as ``TosaCompileSpec(...)``."""
+    return TosaCompileSpec(tosa_spec)
+
+
+def generate_vgf_compile_spec(tosa_spec=None, compiler_flags=None):
+    """Older helper: the same as ``VgfCompileSpec(...)``."""
+    return VgfCompileSpec(tosa_spec, compiler_flags)

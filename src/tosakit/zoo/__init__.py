@@ -1,0 +1,103 @@
+"""Built-in example models (``tosakit compile -m NAME``), and loading a user's model from a file."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..errors import TosakitError, did_you_mean
+from . import mobilenet_v2, tutorial
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A named model: a factory returning ``(module, example_inputs)`` and a one-line description."""
+
+    name: str
+    factory: Callable[[], tuple[torch.nn.Module, tuple]]
+    description: str
+
+
+MODELS: dict[str, ZooModel] = {
+    m.name: m
+    for m in (
+        ZooModel("add", tutorial.add, "x + x on int32 (the tutorial's AddModule)"),
+        ZooModel("add3", tutorial.add3, "(x + y, x + x) on float (two inputs, two outputs)"),
+        ZooModel("softmax", tutorial.softmax, "torch.nn.Softmax on a 2x2 float input (the tutorial's SoftmaxModule)"),
+        ZooModel("mv2", mobilenet_v2.build, "MobileNetV2 (1.0, 224x224), seeded random weights, calibrated BN"),
+    )
+}
+
+
+def load_model(spec: str, input_shapes: list[tuple[int, ...]] | None = None) -> tuple[str, torch.nn.Module, tuple]:
+    """``mv2`` or ``path/file.py:Name`` -> (name, eval-mode module, example inputs)."""
+    if spec in MODELS:
+        module, inputs = MODELS[spec].factory()
+        return spec, module.eval(), inputs
+    if ":" not in spec and not spec.endswith(".py"):
+        raise TosakitError(f"unknown model {spec!r}",
+                           f"{did_you_mean(spec, MODELS)}; or give a file: path/to/model.py:ClassOrFactory")
+    path, _, attr = spec.partition(":")
+    return _load_from_file(Path(path), attr, input_shapes)
+
+
+def _load_from_file(path: Path, attr: str, input_shapes) -> tuple[str, torch.nn.Module, tuple]:
+    if not path.is_file():
+        raise TosakitError(f"model file {path} not found", "give an existing .py file: path/to/model.py:ClassName")
+    mod_name = f"_tosakit_user_{path.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise TosakitError(f"importing {path} failed: {type(exc).__name__}: {exc}",
+                           "fix the error in the model file (run it with python first)") from exc
+    attr = attr or _guess_attr(module, path)
+    if not hasattr(module, attr):
+        names = [n for n, v in vars(module).items() if _is_candidate(v)]
+        raise TosakitError(f"{path} has no {attr!r}", did_you_mean(attr, names))
+    obj = getattr(module, attr)
+    inputs = None
+    if inspect.isclass(obj) and issubclass(obj, torch.nn.Module):
+        model = obj()
+    elif isinstance(obj, torch.nn.Module):
+        model = obj
+    elif callable(obj):
+        made = obj()
+        model, inputs = made if isinstance(made, tuple) else (made, None)
+    else:
+        raise TosakitError(f"{path}:{attr} is not a torch.nn.Module, a Module class or a factory",
+                           "point at a Module class, an instance, or a function returning (module, example_inputs)")
+    if not isinstance(model, torch.nn.Module):
+        raise TosakitError(f"{path}:{attr} did not give a torch.nn.Module (got {type(model).__name__})",
+                           "return a Module, or (module, example_inputs)")
+    inputs = inputs or getattr(model, "example_inputs", None) or getattr(module, "example_inputs", None)
+    if callable(inputs):
+        inputs = inputs()
+    if input_shapes:
+        inputs = tuple(torch.randn(*s) for s in input_shapes)
+    if inputs is None:
+        raise TosakitError(f"{path}:{attr} gives no example inputs",
+                           "pass --input-shape 1,3,224,224 (repeat for more inputs), or define example_inputs")
+    if not isinstance(inputs, tuple):
+        inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    return attr, model.eval(), inputs
+
+
+def _is_candidate(v) -> bool:
+    return (inspect.isclass(v) and issubclass(v, torch.nn.Module)) or isinstance(v, torch.nn.Module)
+
+
+def _guess_attr(module, path: Path) -> str:
+    own = [n for n, v in vars(module).items() if _is_candidate(v) and getattr(v, "__module__", "") == module.__name__]
+    if len(own) == 1:
+        return own[0]
+    raise TosakitError(f"{path} defines {len(own)} models ({', '.join(own) or 'none'}); which one?",
+                       f"name it: {path}:ClassName")

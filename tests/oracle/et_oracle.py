@@ -1,0 +1,80 @@
+"""Check .pte files against the real ExecuTorch runtime; run by the oracle venv's python only.
+
+  load PTE [--method NAME]          load_program (InternalConsistency), optionally load_method too
+  run PTE INPUTS_NPZ OUTPUTS_NPZ    execute `forward` on arg0, arg1, ... and save out0, out1, ...
+  export MODEL_PY OUT_PTE           export with ExecuTorch itself: MODEL_PY defines `model` and `example_inputs`
+
+The result is printed as one JSON line starting with MARKER (imports print unrelated noise);
+the exit status is 1 when the runtime refused the file.
+"""
+
+import argparse
+import json
+import runpy
+import sys
+
+MARKER = "ET_ORACLE_RESULT "
+
+
+def load(args):
+    from executorch.runtime import Runtime, Verification
+
+    program = Runtime.get().load_program(args.pte, verification=Verification.InternalConsistency)
+    if args.method:
+        program.load_method(args.method)
+    return {"methods": sorted(program.method_names)}
+
+
+def run(args):
+    import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed kernels)
+    import numpy as np
+    import torch
+    from executorch.runtime import Runtime, Verification
+
+    arrays = np.load(args.inputs)
+    inputs = [torch.from_numpy(arrays[f"arg{i}"]) for i in range(len(arrays.files))]
+    program = Runtime.get().load_program(args.pte, verification=Verification.InternalConsistency)
+    outputs = program.load_method("forward").execute(inputs)
+    np.savez(args.outputs, **{f"out{i}": np.asarray(o) for i, o in enumerate(outputs)})
+    return {"outputs": len(outputs)}
+
+
+def export(args):
+    import torch
+    from executorch.exir import to_edge
+
+    spec = runpy.run_path(args.model_py)
+    exported = torch.export.export(spec["model"].eval(), tuple(spec["example_inputs"]))
+    with open(args.out_pte, "wb") as f:
+        f.write(to_edge(exported).to_executorch().buffer)
+    return {"written": args.out_pte}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("load")
+    p.add_argument("pte")
+    p.add_argument("--method")
+    p.set_defaults(func=load)
+    p = sub.add_parser("run")
+    p.add_argument("pte")
+    p.add_argument("inputs")
+    p.add_argument("outputs")
+    p.set_defaults(func=run)
+    p = sub.add_parser("export")
+    p.add_argument("model_py")
+    p.add_argument("out_pte")
+    p.set_defaults(func=export)
+    args = parser.parse_args()
+    try:
+        result, status = args.func(args), 0
+    except Exception as e:  # the runtime's refusal is the answer we report
+        result, status = {"error": f"{type(e).__name__}: {e}"}, 1
+    sys.stdout.flush()
+    print(MARKER + json.dumps(result), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
