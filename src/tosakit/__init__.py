@@ -7,11 +7,14 @@ changed.
 """
 
 import logging as _logging
+import warnings as _warnings
 
 # torchao reports optional CUDA kernels it cannot load, and torch warns about an enum
-# registration inside torchao: neither concerns a CPU-only Arm flow.
+# registration inside torchao and a pytree deprecation inside torch.export: none of
+# them concerns a CPU-only Arm flow or anything the user can change.
 for _name in ("torchao", "torch.utils._pytree"):
     _logging.getLogger(_name).setLevel(_logging.ERROR)
+_warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
 
 from .backends.ethosu import EthosUPartitioner  # noqa: E402
 from .backends.vgf import VgfPartitioner  # noqa: E402

@@ -194,7 +194,7 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
 
 
 def _cpu_placements(gm: GraphModule) -> list[NodePlacement]:
-    return [NodePlacement(n.name, str(n.target), "cpu", None, "no partitioner given") for n in gm.graph.nodes
+    return [NodePlacement(n.name, str(n.target), "cpu", None, "no delegation requested (no partitioner)") for n in gm.graph.nodes
             if n.op == "call_function" and n.target is not operator.getitem]
 
 

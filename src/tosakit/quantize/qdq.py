@@ -54,15 +54,15 @@ class QParams:
             scale, zp = self.s, self.zp
         return torch.clamp(torch.round(x / scale) + zp, self.qmin, self.qmax).to(self.dtype)
 
-    def dequantize(self, q: torch.Tensor) -> torch.Tensor:
-        """Integer to float."""
+    def dequantize(self, q: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Integer to float (float64 for exact evaluation)."""
         if self.per_channel:
             shape = [1] * q.dim()
             shape[self.axis] = -1
-            scale = torch.as_tensor(self.scale, dtype=torch.float32).reshape(shape)
+            scale = torch.as_tensor(self.scale).to(dtype).reshape(shape)
             zp = torch.as_tensor(self.zero_point).reshape(shape)
-            return (q.to(torch.float32) - zp) * scale
-        return (q.to(torch.float32) - self.zp) * self.s
+            return (q.to(dtype) - zp) * scale
+        return (q.to(dtype) - self.zp) * self.s
 
 
 def is_quantize(node) -> bool:

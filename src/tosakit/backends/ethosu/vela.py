@@ -9,20 +9,17 @@ sizes, I/O placement) with Vela's performance estimate.
 from __future__ import annotations
 
 import configparser
-import contextlib
-import ctypes
-import os
 import re
 import sys
-import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 from ethosu import regor
 from tosa.Op import Op
 from tosa.TosaGraph import TosaGraph
 
 from ...errors import TosakitError, did_you_mean
+from ...native import captured_output
 from ...specs import ETHOSU_TARGETS, EthosUCompileSpec, npu_family, resolve_vela_config
 
 VELA_SHAPE_DIMS = 6
@@ -335,38 +332,6 @@ def _options_text(opts: VelaOptions, config: _VelaConfig) -> str:
 
 # -------------------------------------------------------------- regor call
 
-_STDOUT_LOCK = threading.Lock()
-
-
-def _flush_c_stdio() -> None:
-    with contextlib.suppress(OSError, AttributeError, TypeError):  # no C runtime to flush
-        ctypes.CDLL(None).fflush(None)
-
-
-@contextlib.contextmanager
-def _capture_fd1() -> Iterator[list[str]]:
-    """Collect everything written to file descriptor 1 (C++ included); the text lands in the list."""
-    with _STDOUT_LOCK:
-        sys.stdout.flush()
-        read_end, write_end = os.pipe()
-        chunks: list[bytes] = []
-        reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 65536), b"")))
-        reader.start()
-        saved = os.dup(1)
-        os.dup2(write_end, 1)
-        os.close(write_end)
-        text: list[str] = []
-        try:
-            yield text
-        finally:
-            _flush_c_stdio()
-            os.dup2(saved, 1)  # closes the pipe's last write end: the reader sees EOF
-            os.close(saved)
-            reader.join()
-            os.close(read_end)
-            text.append(b"".join(chunks).decode("utf-8", errors="replace"))
-
-
 def _tosa_blocks(tosa: bytes) -> list[list[str]]:
     """The operator names of each basic block of a TOSA flatbuffer, in order."""
     names = {value: name for name, value in vars(Op).items() if not name.startswith("_")}
@@ -412,7 +377,7 @@ def _compile_error(message: str, tosa: bytes, opts: VelaOptions, printed: str) -
 def _run_regor(tosa: bytes, opts: VelaOptions, config: _VelaConfig):
     name, _, _ = _regor_arch(opts.accelerator)
     system, options = _system_text(opts, config), _options_text(opts, config)
-    with _capture_fd1() as printed:
+    with captured_output() as printed:
         try:
             model = regor.compile(name, tosa, "TOSA", system, options=options, verbose=bool(opts.verbose))
             error = None

@@ -1,0 +1,285 @@
+"""The ``tosakit`` command: compile (like ExecuTorch's aot_arm_compiler), models, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import TosakitError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 1
+
+
+class Progress:
+    """One line per stage on stderr, with the time it took."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.start = time.perf_counter()
+
+    def step(self, text: str) -> None:
+        if not self.quiet:
+            print(f"[{time.perf_counter() - self.start:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class CompileOptions:
+    """Everything ``tosakit compile`` takes; the Python twin of its flags."""
+
+    model_name: str
+    target: str = "ethos-u55-128"
+    delegate: bool = False
+    quantize: bool = False
+    system_config: str | None = None
+    memory_mode: str | None = None
+    config_ini: str | None = None
+    extra_flags: str | None = None
+    intermediates: str | None = None
+    output: str | None = None
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    debug_info: bool = False
+    quiet: bool = False
+
+
+def default_output_name(model: str, target: str, delegate: bool) -> str:
+    """The seed's names: ``mv2_arm_delegate_ethos-u55-128.pte``, ``softmax_arm_ethos-u55-128.pte``."""
+    return f"{model}_arm{'_delegate' if delegate else ''}_{target}.pte"
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: write dimensions like 1,3,224,224") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: dimensions must be positive integers")
+    return dims
+
+
+def compile_model(opts: CompileOptions):
+    """Run the whole flow for ``opts``; returns (output path, edge program, executorch program)."""
+    import torch
+
+    from . import (EthosUCompileSpec, EthosUPartitioner, EthosUQuantizer, TOSAPartitioner, TOSAQuantizer,
+                   VgfCompileSpec, VgfPartitioner, VgfQuantizer, get_symmetric_quantization_config,
+                   to_edge_transform_and_lower)
+    from .capture import export
+    from .specs import compile_spec_for_target
+    from .zoo import load_model
+
+    progress = Progress(opts.quiet)
+    spec = compile_spec_for_target(opts.target, opts.system_config, opts.memory_mode, opts.extra_flags,
+                                   opts.config_ini)
+    name, model, inputs = load_model(opts.model_name, opts.input_shapes or None)
+    output = Path(opts.output or default_output_name(name, opts.target, opts.delegate))
+    if output.suffix != ".pte":
+        raise TosakitError(f"output {output} does not end in .pte", "name the output file like model.pte")
+    if not (output.parent if str(output.parent) else Path(".")).is_dir():
+        raise TosakitError(f"output folder {output.parent} does not exist", "create it or choose another -o path")
+    if opts.intermediates:
+        spec.dump_intermediate_artifacts_to(opts.intermediates)
+        Path(opts.intermediates).mkdir(parents=True, exist_ok=True)
+    spec.embed_tosa = opts.debug_info
+    progress.step(f"exporting {name} ({type(model).__name__}) with torch.export")
+    ep = export(model, inputs)
+    if opts.quantize:
+        quantizer_cls = {EthosUCompileSpec: EthosUQuantizer, VgfCompileSpec: VgfQuantizer}.get(type(spec), TOSAQuantizer)
+        if not spec.tosa_spec.support_integer():
+            raise TosakitError(f"--quantize needs an integer target, and {opts.target} is float only",
+                               "use TOSA-1.0+INT, vgf or an Ethos-U target, or drop --quantize")
+        progress.step(f"quantizing with {quantizer_cls.__name__} (int8, per-channel weights)")
+        quantizer = quantizer_cls(spec).set_global(get_symmetric_quantization_config(is_per_channel=True))
+        with torch.no_grad():
+            converted = quantizer.quantize_with_submodules(ep.module(), [inputs])
+        ep = export(converted, inputs)
+    partitioners = []
+    if opts.delegate:
+        partitioners = [{EthosUCompileSpec: EthosUPartitioner, VgfCompileSpec: VgfPartitioner}.get(
+            type(spec), TOSAPartitioner)(spec)]
+    progress.step("partitioning and lowering" + (f" for {opts.target}" if opts.delegate else " (no delegate)"))
+    edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
+    progress.step("writing the program")
+    program = edge.to_executorch()
+    program.save(output)
+    if opts.intermediates:
+        write_report(Path(opts.intermediates) / "report.json", edge, program, opts, output)
+    return output, edge, program
+
+
+def write_report(path: Path, edge, program, opts: CompileOptions, output: Path) -> None:
+    """The delegation report as JSON: where every op runs, and each delegate's figures."""
+    from .errors import write_atomic
+
+    report = {
+        "model": opts.model_name,
+        "target": opts.target,
+        "output": str(output),
+        "pte_bytes": len(program.buffer),
+        "arena_bytes": program.emitted.arena_bytes,
+        "constant_bytes": program.emitted.constant_bytes,
+        "cpu_kernels": program.emitted.kernel_ops,
+        "placements": [vars(p) for p in edge.placements],
+        "delegates": [
+            {**{k: v for k, v in vars(d).items() if k != "report"},
+             "vela": _vela_dict(d.report)} for d in edge.delegates
+        ],
+    }
+    write_atomic(path, json.dumps(report, indent=2, default=str).encode())
+
+
+def _vela_dict(report) -> dict | None:
+    if report is None:
+        return None
+    fields = ("sram_used_bytes", "offchip_used_bytes", "npu_cycles", "total_cycles", "mac_count", "npu_ops",
+              "cpu_ops", "inference_time_s", "clock_hz", "system_config", "memory_mode")
+    return {f: getattr(report, f, None) for f in fields}
+
+
+def summary(output: Path, edge, program, seconds: float) -> str:
+    """What runs where, and Vela's figures, for the terminal."""
+    lines = []
+    compute = [p for p in edge.placements if "quantize" not in p.target]
+    on_cpu = [p for p in edge.placements if p.placement == "cpu"]
+    delegated = sum(1 for p in compute if p.placement == "delegate")
+    lines.append(f"ops: {delegated} of {len(compute)} compute ops delegated; "
+                 f"{len(on_cpu)} op(s) on the CPU")
+    for d in edge.delegates:
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(d.tosa_ops.items(), key=lambda kv: -kv[1]))
+        lines.append(f"delegate {d.name} -> {d.backend_id} ({d.target}): {d.node_count} graph nodes, "
+                     f"payload {d.payload_bytes / 1024:.1f} KiB")
+        lines.append(f"  TOSA: {ops}")
+        if d.report is not None:
+            r = d.report
+            lines.append(f"  Vela: SRAM used {r.sram_used_bytes / 1024:.2f} KiB, off-chip used "
+                         f"{r.offchip_used_bytes / 1024:.2f} KiB, {r.total_cycles:,} cycles estimated "
+                         f"({r.inference_time_s * 1e3:.3f} ms at {r.clock_hz / 1e6:.0f} MHz), "
+                         f"{r.npu_ops} NPU op(s), {r.cpu_ops} CPU op(s)")
+    for p in on_cpu:
+        where = f" [{p.source}]" if p.source else ""
+        lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{where}")
+    if program.emitted.kernel_ops:
+        lines.append(f"CPU kernels: {', '.join(program.emitted.kernel_ops)}")
+    lines.append(f"wrote {output} ({len(program.buffer) / 1024:.1f} KiB; arena {program.emitted.arena_bytes} B) "
+                 f"in {seconds:.1f} s")
+    return "\n".join(lines)
+
+
+def _cmd_compile(args) -> int:
+    opts = CompileOptions(
+        model_name=args.model_name, target=args.target, delegate=args.delegate, quantize=args.quantize,
+        system_config=args.system_config, memory_mode=args.memory_mode, config_ini=args.config_ini,
+        extra_flags=args.extra_flags, intermediates=args.intermediates, output=args.output,
+        input_shapes=args.input_shape or [], debug_info=args.debug_info, quiet=args.quiet,
+    )
+    start = time.perf_counter()
+    output, edge, program = compile_model(opts)
+    print(summary(output, edge, program, time.perf_counter() - start))
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from .zoo import MODELS
+
+    width = max(len(n) for n in MODELS)
+    for m in MODELS.values():
+        print(f"{m.name:<{width}}  {m.description}")
+    return 0
+
+
+DEMO = (
+    ("softmax", "ethos-u55-128", False, False),
+    ("add", "ethos-u55-128", True, False),
+    ("mv2", "ethos-u55-128", True, True),
+    ("mv2", "ethos-u85-256", True, True),
+    ("add", "vgf", True, False),
+    ("mv2", "vgf", True, True),
+)
+
+
+def _cmd_demo(args) -> int:
+    """Compile the tutorial's programs and check each delegate on the TOSA reference model."""
+    import torch
+
+    from .runtime import check_delegates
+    from .zoo import load_model
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for model, target, delegate, quantize in DEMO:
+        name = default_output_name(model, target, delegate)
+        print(f"\n== {name}", flush=True)
+        opts = CompileOptions(model, target, delegate, quantize, output=str(out / name), quiet=True)
+        start = time.perf_counter()
+        output, edge, program = compile_model(opts)
+        print(summary(output, edge, program, time.perf_counter() - start))
+        _, _, inputs = load_model(model)
+        torch.manual_seed(1)
+        checks = check_delegates(edge, inputs)
+        for c in checks:
+            print(f"verify: {c}")
+        failed += sum(not c.passed for c in checks)
+    print(f"\n{'all delegates match PyTorch' if not failed else f'{failed} delegate output(s) differ'}")
+    return 0 if not failed else EXIT_INTERNAL_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .specs import ALL_TARGETS
+
+    parser = argparse.ArgumentParser(prog="tosakit", description="PyTorch to Arm Ethos-U / VGF via TOSA, as .pte")
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compile", help="compile a model to a .pte (like ExecuTorch's aot_arm_compiler)")
+    c.add_argument("-m", "--model_name", "--model-name", required=True,
+                   help="zoo name (see `tosakit models`) or path/file.py:ClassOrFactory")
+    c.add_argument("-t", "--target", default="ethos-u55-128", help=f"one of: {', '.join(ALL_TARGETS)}")
+    c.add_argument("--delegate", action="store_true", help="delegate what the target runs (else: CPU only)")
+    c.add_argument("--quantize", action="store_true", help="int8 post-training quantization (example inputs)")
+    c.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
+    c.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
+    c.add_argument("--config_ini", "--config-ini", help="Vela .ini file (default Arm/vela.ini)")
+    c.add_argument("--extra_flags", "--extra-flags", help="extra Vela flags, e.g. '--optimise Size'")
+    c.add_argument("-i", "--intermediates", metavar="DIR", help="write TOSA, Vela output and report.json here")
+    c.add_argument("-o", "--output", help="output .pte (default: <model>_arm[_delegate]_<target>.pte)")
+    c.add_argument("--input-shape", "--input_shape", type=_shape, action="append",
+                   help="example input shape for a model file without example inputs (repeat per input)")
+    c.add_argument("--debug-info", "--debug_info", action="store_true",
+                   help="carry each delegate's TOSA inside the .pte (for running it on the host)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    c.set_defaults(func=_cmd_compile)
+    m = sub.add_parser("models", help="list the built-in models")
+    m.set_defaults(func=_cmd_models)
+    d = sub.add_parser("demo", help="compile the tutorial models and verify them on the host")
+    d.add_argument("-o", "--output-dir", default="out/demo")
+    d.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TosakitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # a bug in tosakit, not in the user's input
+        if os.environ.get("TOSAKIT_DEBUG"):
+            traceback.print_exc()
+        else:
+            exc = sys.exc_info()[1]
+            print(f"internal error: {type(exc).__name__}: {exc}\n  this is a tosakit bug; rerun with "
+                  "TOSAKIT_DEBUG=1 for the traceback and report it", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

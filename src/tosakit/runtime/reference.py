@@ -1,0 +1,125 @@
+"""Run TOSA on the reference model, and check each delegate against the graph it replaced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import tosa_reference_model as trm
+from torch.fx import Interpreter
+
+from ..errors import TosakitError
+from ..native import captured_output
+from ..program import EdgeProgramManager, LoweredBackendModule
+from ..program.emit import executorch_call_delegate
+from ..quantize.qdq import is_dequantize, is_quantize, qparams_of
+
+
+def run_tosa(tosa: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run a TOSA flatbuffer on ``tosa_reference_model``; the outputs in graph order."""
+    inputs = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
+    with captured_output((1, 2)) as printed:
+        try:
+            outputs, status = trm.run(tosa, inputs)
+        except ValueError as exc:
+            outputs, status = None, exc
+    if outputs is None or status != trm.GraphStatus.TOSA_VALID:
+        detail = [ln for ln in printed[0].splitlines() if ln.strip() and "Different TOSA spec" not in ln]
+        raise TosakitError(f"tosa_reference_model refused the graph: {status}; " + " | ".join(detail[-3:]),
+                           "check the input shapes and dtypes against the delegate's inputs")
+    return [np.asarray(o) for o in outputs]
+
+
+@dataclass
+class DelegateCheck:
+    """How one delegate's TOSA output compares with PyTorch on the same inputs."""
+
+    delegate: str
+    output: int
+    integer: bool
+    max_abs_error: float
+    max_rel_error: float
+    off_by_more_than_one: float  # fraction of integer elements more than one step away
+    passed: bool
+
+    def __str__(self) -> str:
+        if self.integer:
+            detail = f"max |diff| {self.max_abs_error:.0f} step(s), {100 * self.off_by_more_than_one:.3f}% > 1 step"
+        else:
+            detail = f"max rel error {self.max_rel_error:.2e}"
+        return f"{self.delegate} output {self.output}: {detail} -> {'ok' if self.passed else 'MISMATCH'}"
+
+
+def compare(delegate: str, index: int, got: np.ndarray, want: torch.Tensor, fp_tol: float = 1e-4,
+            int_fraction: float = 0.999) -> DelegateCheck:
+    """FP: relative error within ``fp_tol``; INT: within one step on ``int_fraction`` of elements."""
+    want_np = want.detach().numpy()
+    if got.shape != want_np.shape:
+        got = got.reshape(want_np.shape) if got.size == want_np.size else got
+    if not want.dtype.is_floating_point:
+        diff = np.abs(got.astype(np.int64) - want_np.astype(np.int64))
+        off = float((diff > 1).mean()) if diff.size else 0.0
+        return DelegateCheck(delegate, index, True, float(diff.max(initial=0)), 0.0, off, off <= 1 - int_fraction)
+    diff = np.abs(got.astype(np.float64) - want_np.astype(np.float64))
+    scale = max(float(np.abs(want_np).max(initial=0.0)), 1e-12)
+    rel = float(diff.max(initial=0.0)) / scale
+    return DelegateCheck(delegate, index, False, float(diff.max(initial=0.0)), rel, 0.0, rel <= fp_tol)
+
+
+class ExactInterpreter(Interpreter):
+    """Evaluates a quantize/dequantize graph in float64, so only the quantization itself rounds.
+
+    A float32 run of a fake-quantized network rounds a few values differently at every
+    quantize, and deep networks amplify those flips; integer kernels are exact, so this is
+    the evaluation they must match.
+    """
+
+    def run_node(self, n):
+        self._node = n
+        return super().run_node(n)
+
+    def call_function(self, target, args, kwargs):
+        n = self._node
+        if is_quantize(n):
+            return qparams_of(n, self.module).quantize(args[0].double())
+        if is_dequantize(n):
+            return qparams_of(n, self.module).dequantize(args[0], torch.float64)
+        args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        return super().call_function(target, args, kwargs)
+
+
+def evaluate_exact(gm, *args) -> tuple:
+    """Outputs of ``gm`` evaluated exactly (see ``ExactInterpreter``), float results as float32."""
+    with torch.no_grad():
+        out = ExactInterpreter(gm).run(*args)
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    return tuple(o.float() if o.is_floating_point() else o for o in out)
+
+
+class _DelegateInputs(Interpreter):
+    """Runs the edge graph in PyTorch, keeping each delegate's inputs and reference outputs."""
+
+    def __init__(self, gm):
+        super().__init__(gm)
+        self.seen: list[tuple[str, LoweredBackendModule, tuple, tuple]] = []
+
+    def call_function(self, target, args, kwargs):
+        out = super().call_function(target, args, kwargs)
+        if target is executorch_call_delegate:
+            name = next(n for n, m in self.module.named_children() if m is args[0])
+            self.seen.append((name, args[0], tuple(args[1:]), out))
+        return out
+
+
+def check_delegates(edge: EdgeProgramManager, inputs: tuple) -> list[DelegateCheck]:
+    """Run every delegate's TOSA on the reference model against PyTorch's result for it."""
+    runner = _DelegateInputs(edge.program.graph_module)
+    with torch.no_grad():
+        runner.run(*inputs)
+    checks = []
+    for name, module, args, _ in runner.seen:
+        want = evaluate_exact(module.original_module, *args)
+        got = run_tosa(module.tosa, [a.detach().numpy() for a in args])
+        checks += [compare(name, i, g, w) for i, (g, w) in enumerate(zip(got, want))]
+    return checks
