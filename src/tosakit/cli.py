@@ -65,12 +65,9 @@ def _shape(text: str) -> tuple[int, ...]:
 
 def compile_model(opts: CompileOptions):
     """Run the whole flow for ``opts``; returns (output path, edge program, executorch program)."""
-    import torch
-
-    from . import (EthosUCompileSpec, EthosUPartitioner, EthosUQuantizer, TOSAPartitioner, TOSAQuantizer,
-                   VgfCompileSpec, VgfPartitioner, VgfQuantizer, get_symmetric_quantization_config,
-                   to_edge_transform_and_lower)
     from .capture import export
+    from .flow import partitioner_for, quantize_model
+    from .program import to_edge_transform_and_lower
     from .specs import compile_spec_for_target
     from .zoo import load_model
 
@@ -88,21 +85,11 @@ def compile_model(opts: CompileOptions):
         Path(opts.intermediates).mkdir(parents=True, exist_ok=True)
     spec.embed_tosa = opts.debug_info
     progress.step(f"exporting {name} ({type(model).__name__}) with torch.export")
-    ep = export(model, inputs)
     if opts.quantize:
-        quantizer_cls = {EthosUCompileSpec: EthosUQuantizer, VgfCompileSpec: VgfQuantizer}.get(type(spec), TOSAQuantizer)
-        if not spec.tosa_spec.support_integer():
-            raise TosakitError(f"--quantize needs an integer target, and {opts.target} is float only",
-                               "use TOSA-1.0+INT, vgf or an Ethos-U target, or drop --quantize")
-        progress.step(f"quantizing with {quantizer_cls.__name__} (int8, per-channel weights)")
-        quantizer = quantizer_cls(spec).set_global(get_symmetric_quantization_config(is_per_channel=True))
-        with torch.no_grad():
-            converted = quantizer.quantize_with_submodules(ep.module(), [inputs])
-        ep = export(converted, inputs)
-    partitioners = []
-    if opts.delegate:
-        partitioners = [{EthosUCompileSpec: EthosUPartitioner, VgfCompileSpec: VgfPartitioner}.get(
-            type(spec), TOSAPartitioner)(spec)]
+        progress.step("quantizing: int8 activations, int8 per-channel weights, calibrated on the example inputs")
+        model = quantize_model(model, inputs, spec)
+    ep = export(model, inputs)
+    partitioners = [partitioner_for(spec)] if opts.delegate else []
     progress.step("partitioning and lowering" + (f" for {opts.target}" if opts.delegate else " (no delegate)"))
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
     progress.step("writing the program")

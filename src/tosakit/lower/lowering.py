@@ -233,6 +233,17 @@ class Lowering:
     def q_of(self, node: Node) -> QParams | None:
         return node.meta.get("tosakit_q")
 
+    def requantize(self, v, node: Node):
+        """Give ``v`` the quantization recorded for ``node`` (a RESCALE when a rule kept another one)."""
+        q = self.q_of(node)
+        if not isinstance(v, Value) or q is None:
+            return v
+        if v.q is None:
+            return v.with_(q=q)
+        if (v.q.s, v.q.zp, v.q.dtype) == (q.s, q.zp, q.dtype):
+            return v
+        return self.rescale(v, v.q.s / q.s, int_dtype(q), v.q.zp, q.zp, q=q, node=node)
+
     def fused_clamp(self, v: Value, node: Node) -> Value:
         """Apply an activation fused into ``node`` (meta 'tosakit_clamp', real units)."""
         bounds = node.meta.get("tosakit_clamp")
@@ -333,7 +344,7 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification) -> LoweredGraph:
             if reason is not None:
                 raise UnsupportedOpError(f"cannot lower {describe(node)} for {spec}: {reason}",
                                          "leave it to the CPU (partitioner) or file an issue with the model")
-            ctx.values[node] = RULES[node.target].lower(ctx, node)
+            ctx.values[node] = ctx.requantize(RULES[node.target].lower(ctx, node), node)
     outputs = []
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     for a in out_node.args[0]:

@@ -11,10 +11,8 @@ from ..quantize.qdq import INTEGER_KEY, fused_activation_of, is_dequantize, is_i
 
 aten = torch.ops.aten
 
+# Identity in value and in memory layout (copies that change contiguity stay: PyTorch needs them).
 NOOPS = {
-    aten.clone.default,
-    aten.alias.default,
-    aten.contiguous.default,
     aten.dropout.default,
     aten.detach.default,
     aten.lift_fresh_copy.default,
@@ -41,7 +39,7 @@ def _finish(gm: GraphModule) -> GraphModule:
 
 
 def remove_noops(gm: GraphModule) -> GraphModule:
-    """Drop copies, eval-mode dropout and shape assertions."""
+    """Drop eval-mode dropout, detaches and shape assertions."""
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue

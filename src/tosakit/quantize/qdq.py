@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,13 +96,41 @@ def qparams_of(node: Node, gm=None) -> QParams:
     return QParams(np.float32(_literal(scale, gm)), np.int64(_literal(zp, gm)), int(qmin), int(qmax), dtype)
 
 
+aten = torch.ops.aten
+# Ops that only move data: between a dequantize and a quantize they stay integer.
+PASSTHROUGH = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default, aten.alias.default,
+    aten.contiguous.default, aten.permute.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.unsqueeze.default, aten.flatten.using_ints, aten.t.default, operator.getitem,
+}
+
+
 def _float_tensor_inputs(node: Node) -> list[Node]:
     return [a for a in node.all_input_nodes
             if isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].dtype.is_floating_point]
 
 
-def _outputs_all_quantized(node: Node) -> bool:
-    return bool(node.users) and all(is_quantize(u) for u in node.users)
+def _is_passthrough(node: Node) -> bool:
+    return node.op == "call_function" and node.target in PASSTHROUGH
+
+
+def _sink_ok(node: Node) -> bool:
+    """Every use of ``node`` is quantized, possibly after more data movement (looks forward only)."""
+    def ok(u: Node) -> bool:
+        if is_quantize(u):
+            return True
+        if u.target is operator.getitem and not u.users:
+            return True
+        return _is_passthrough(u) and _sink_ok(u)
+
+    return bool(node.users) and all(ok(u) for u in node.users)
+
+
+def _source_ok(a: Node) -> bool:
+    """``a`` holds integers: a dequantize, or data movement of one used only in integer code."""
+    if is_dequantize(a):
+        return True
+    return _is_passthrough(a) and _sink_ok(a) and isinstance(a.args[0], Node) and _source_ok(a.args[0])
 
 
 def fused_activation_of(node: Node) -> Node | None:
@@ -109,7 +138,7 @@ def fused_activation_of(node: Node) -> Node | None:
     users = list(node.users)
     if len(users) == 1 and users[0].op == "call_function" and users[0].target in FUSABLE_ACTIVATIONS:
         act = users[0]
-        if _outputs_all_quantized(act):
+        if _sink_ok(act):
             return act
     return None
 
@@ -120,9 +149,11 @@ def is_integer_node(node: Node) -> bool:
         return False
     if node.meta.get(INTEGER_KEY):  # already folded by the lowering passes
         return True
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], Node) and is_integer_node(node.args[0])
     inputs = _float_tensor_inputs(node)
-    if inputs and all(is_dequantize(a) for a in inputs):
-        if _outputs_all_quantized(node) or fused_activation_of(node) is not None:
+    if inputs and all(_source_ok(a) for a in inputs):
+        if _sink_ok(node) or fused_activation_of(node) is not None:
             return True
     # an activation fused into the integer op before it
     if node.target in FUSABLE_ACTIVATIONS and len(inputs) == 1:

@@ -112,6 +112,23 @@ class _DelegateInputs(Interpreter):
         return out
 
 
+class _HostInterpreter(Interpreter):
+    """Runs the edge graph with every delegate executed from its TOSA on the reference model."""
+
+    def call_function(self, target, args, kwargs):
+        if target is executorch_call_delegate:
+            outs = run_tosa(args[0].tosa, [a.detach().numpy() for a in args[1:]])
+            return tuple(torch.from_numpy(np.array(o)) for o in outs)
+        return super().call_function(target, args, kwargs)
+
+
+def run_edge(edge: EdgeProgramManager, *inputs) -> tuple:
+    """The program's outputs on the host: CPU ops in PyTorch, delegates on the TOSA reference model."""
+    with torch.no_grad():
+        out = _HostInterpreter(edge.program.graph_module).run(*inputs)
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
 def check_delegates(edge: EdgeProgramManager, inputs: tuple) -> list[DelegateCheck]:
     """Run every delegate's TOSA on the reference model against PyTorch's result for it."""
     runner = _DelegateInputs(edge.program.graph_module)

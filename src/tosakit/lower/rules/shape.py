@@ -20,6 +20,12 @@ for _op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default, 
     lowers(_op)(_reshape_rule)
 
 
+@lowers(aten.clone.default, aten.alias.default, aten.contiguous.default)
+def copy(ctx: Lowering, node: Node) -> Value:
+    """Copies are free in TOSA: values are immutable."""
+    return ctx.arg(node.args[0])
+
+
 @lowers(aten.permute.default)
 def permute(ctx: Lowering, node: Node) -> Value:
     """No data moves: the value's layout records the new dimension order."""

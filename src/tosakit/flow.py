@@ -1,0 +1,67 @@
+"""The whole flow in one call: export, quantize, partition, lower, emit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+from torch.fx import GraphModule
+
+from .backends.ethosu import EthosUPartitioner
+from .backends.vgf import VgfPartitioner
+from .capture import export
+from .errors import TosakitError
+from .lower import TOSAPartitioner
+from .program import EdgeProgramManager, ExecutorchProgramManager, to_edge_transform_and_lower
+from .quantize import EthosUQuantizer, QuantizationConfig, TOSAQuantizer, VgfQuantizer
+from .quantize.config import get_symmetric_quantization_config
+from .specs import ArmCompileSpec, EthosUCompileSpec, VgfCompileSpec, compile_spec_for_target
+
+
+def quantizer_for(spec: ArmCompileSpec) -> TOSAQuantizer:
+    """The quantizer class that matches a compile spec."""
+    cls = {EthosUCompileSpec: EthosUQuantizer, VgfCompileSpec: VgfQuantizer}.get(type(spec), TOSAQuantizer)
+    return cls(spec)
+
+
+def partitioner_for(spec: ArmCompileSpec, additional_checks=None) -> TOSAPartitioner:
+    """The partitioner class that matches a compile spec."""
+    cls = {EthosUCompileSpec: EthosUPartitioner, VgfCompileSpec: VgfPartitioner}.get(type(spec), TOSAPartitioner)
+    return cls(spec, additional_checks)
+
+
+@dataclass
+class Compiled:
+    """Every stage's result: the fake-quantized model, the edge program, the .pte program."""
+
+    spec: ArmCompileSpec
+    quantized: GraphModule | None
+    edge: EdgeProgramManager
+    program: ExecutorchProgramManager
+
+
+def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompileSpec,
+                   config: QuantizationConfig | None = None,
+                   calibration: Iterable[tuple] | None = None) -> GraphModule:
+    """PT2E post-training quantization for ``spec``; calibrates on ``calibration`` or the example inputs."""
+    if not spec.tosa_spec.support_integer():
+        raise TosakitError(f"cannot quantize for {spec.target_name}: it has no integer TOSA profile",
+                           "choose TOSA-1.0+INT, vgf or an Ethos-U target, or do not quantize")
+    quantizer = quantizer_for(spec).set_global(config or get_symmetric_quantization_config(is_per_channel=True))
+    gm = export(model, example_inputs).module()
+    with torch.no_grad():
+        return quantizer.quantize_with_submodules(gm, list(calibration) if calibration else [example_inputs])
+
+
+def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmCompileSpec, *, quantize: bool = False,
+            delegate: bool = True, config: QuantizationConfig | None = None,
+            calibration: Iterable[tuple] | None = None, additional_checks=None) -> Compiled:
+    """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program."""
+    spec = target if isinstance(target, ArmCompileSpec) else compile_spec_for_target(target)
+    model = model.eval()
+    quantized = quantize_model(model, example_inputs, spec, config, calibration) if quantize else None
+    ep = export(quantized if quantized is not None else model, example_inputs)
+    partitioners = [partitioner_for(spec, additional_checks)] if delegate else []
+    edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
+    return Compiled(spec, quantized, edge, edge.to_executorch())
