@@ -64,7 +64,7 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def compile_model(opts: CompileOptions):
-    """Run the whole flow for ``opts``; returns (output path, edge program, executorch program)."""
+    """Run the whole flow for ``opts``; returns (output path, edge program, executorch program, inputs)."""
     from .capture import export
     from .flow import partitioner_for, quantize_model
     from .program import to_edge_transform_and_lower
@@ -97,7 +97,7 @@ def compile_model(opts: CompileOptions):
     program.save(output)
     if opts.intermediates:
         write_report(Path(opts.intermediates) / "report.json", edge, program, opts, output)
-    return output, edge, program
+    return output, edge, program, inputs
 
 
 def write_report(path: Path, edge, program, opts: CompileOptions, output: Path) -> None:
@@ -166,7 +166,7 @@ def _cmd_compile(args) -> int:
         input_shapes=args.input_shape or [], debug_info=args.debug_info, quiet=args.quiet,
     )
     start = time.perf_counter()
-    output, edge, program = compile_model(opts)
+    output, edge, program, _ = compile_model(opts)
     print(summary(output, edge, program, time.perf_counter() - start))
     return 0
 
@@ -192,10 +192,7 @@ DEMO = (
 
 def _cmd_demo(args) -> int:
     """Compile the tutorial's programs and check each delegate on the TOSA reference model."""
-    import torch
-
     from .runtime import check_delegates
-    from .zoo import load_model
 
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,10 +202,8 @@ def _cmd_demo(args) -> int:
         print(f"\n== {name}", flush=True)
         opts = CompileOptions(model, target, delegate, quantize, output=str(out / name), quiet=True)
         start = time.perf_counter()
-        output, edge, program = compile_model(opts)
+        output, edge, program, inputs = compile_model(opts)
         print(summary(output, edge, program, time.perf_counter() - start))
-        _, _, inputs = load_model(model)
-        torch.manual_seed(1)
         checks = check_delegates(edge, inputs)
         for c in checks:
             print(f"verify: {c}")

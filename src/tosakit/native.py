@@ -1,9 +1,10 @@
-"""Calling native code quietly: what C++ libraries print goes to a string, not the terminal."""
+"""Calling noisy code quietly: what it prints (C++ and Python alike) goes to a string, not the terminal."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import sys
 import threading
@@ -32,8 +33,10 @@ def captured_output(fds: tuple[int, ...] = (1,)) -> Iterator[list[str]]:
             os.dup2(write_end, fd)
         os.close(write_end)
         text: list[str] = []
+        python_out = io.StringIO()
         try:
-            yield text
+            with contextlib.redirect_stdout(python_out), contextlib.redirect_stderr(python_out):
+                yield text
         finally:
             _flush_c_stdio()
             for fd, old in zip(fds, saved):
@@ -41,4 +44,4 @@ def captured_output(fds: tuple[int, ...] = (1,)) -> Iterator[list[str]]:
                 os.close(old)
             reader.join()
             os.close(read_end)
-            text.append(b"".join(chunks).decode("utf-8", errors="replace"))
+            text.append(python_out.getvalue() + b"".join(chunks).decode("utf-8", errors="replace"))

@@ -6,6 +6,8 @@ are placeholders, parameters and constants are ``get_attr`` attributes.
 
 from __future__ import annotations
 
+import logging
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -15,6 +17,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx import GraphModule
 
 from ..errors import TosakitError
+from ..native import captured_output
 
 aten = torch.ops.aten
 
@@ -50,7 +53,7 @@ class CapturedProgram:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    text = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     return text[0] if text else type(exc).__name__
 
 
@@ -58,24 +61,28 @@ def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -
     """``torch.export.export`` with a clear error when the model cannot be captured."""
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
+    logging.disable(logging.WARNING)  # torch logs and prints generated code as export fails
     try:
-        return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+        with captured_output((1, 2)):
+            return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # torch raises many kinds; the first line names the problem
-        where = _user_frame(exc)
         raise TosakitError(
-            f"torch.export could not capture {type(model).__name__}{where}: {_first_line(exc)}",
-            "make forward() traceable: no data-dependent Python control flow, no unsupported "
-            "Python objects; see https://pytorch.org/docs/stable/export.html",
+            f"torch.export could not capture {type(model).__name__}{_user_frame(exc)}: {_first_line(exc)}",
+            "make forward() traceable: no Python control flow on tensor values (use torch.where / torch.cond), "
+            "no unsupported Python objects; see https://pytorch.org/docs/stable/export.html",
         ) from exc
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def _user_frame(exc: BaseException) -> str:
-    """' (at file.py:12)' for the innermost frame outside torch, when there is one."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename]
-    if not frames:
-        return ""
-    f = frames[-1]
-    return f" (at {f.filename}:{f.lineno})"
+    """' (at file.py:12: <code>)' for the user's line that torch blames, when it says which."""
+    match = re.search(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)', str(exc))
+    if match:
+        return f" (at {match.group(1)}:{match.group(2)}: {match.group(3).strip()})"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename
+              and "/tosakit/" not in f.filename]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def decomposition_table(preserve=PRESERVED_OPS) -> dict:

@@ -1,0 +1,132 @@
+"""`tosakit compile`: the seed's commands, its output names, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tosakit.cli import main
+
+TOSAKIT = [sys.executable, "-m", "tosakit"]
+
+
+def _compile(tmp_path, monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    monkeypatch.chdir(tmp_path)
+    code = main(["compile", "-q", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_softmax_without_delegate_runs_in_executorch(tmp_path, monkeypatch, capsys, et_oracle):
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "softmax", "-t", "ethos-u55-128")
+    assert code == 0
+    pte = tmp_path / "softmax_arm_ethos-u55-128.pte"
+    assert pte.is_file() and "aten::_softmax.out" in out
+    x = torch.randn(2, 2, generator=torch.Generator().manual_seed(3))
+    [got] = et_oracle.run(pte, [x])
+    np.testing.assert_allclose(got, torch.softmax(x, dim=-1).numpy(), atol=1e-6, rtol=0)
+
+
+def test_add_delegate_names_and_report(tmp_path, monkeypatch, capsys, et_oracle):
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "add", "--delegate", "-i", "inter")
+    assert code == 0
+    pte = tmp_path / "add_arm_delegate_ethos-u55-128.pte"
+    assert et_oracle.load(pte) == ["forward"]
+    assert "1 of 1 compute ops delegated" in out and "Vela: SRAM used" in out
+    report = json.loads((tmp_path / "inter" / "report.json").read_text())
+    assert report["delegates"][0]["backend_id"] == "EthosUBackend"
+    assert report["delegates"][0]["vela"]["npu_ops"] >= 1
+    assert (tmp_path / "inter" / "lowered_module_0.tosa").read_bytes()[4:8] == b"TOSA"
+    assert (tmp_path / "inter" / "lowered_module_0.vela.npz").is_file()
+
+
+def test_add_vgf_and_add3(tmp_path, monkeypatch, capsys, et_oracle):
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "add", "-t", "vgf", "--delegate")
+    assert code == 0 and et_oracle.load(tmp_path / "add_arm_delegate_vgf.pte") == ["forward"]
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "add3", "-t", "ethos-u85-256", "--delegate",
+                            "--quantize")
+    assert code == 0 and "2 of 2 compute ops delegated" in out
+    assert et_oracle.load(tmp_path / "add3_arm_delegate_ethos-u85-256.pte") == ["forward"]
+
+
+def test_models_lists_the_zoo(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("add", "add3", "softmax", "mv2"))
+
+
+USER_MODEL = """
+import torch
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+"""
+
+DATA_DEPENDENT = """
+import torch
+class Branchy(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+"""
+
+NO_KERNEL = """
+import torch
+class Special(torch.nn.Module):
+    def forward(self, x):
+        return torch.special.digamma(x) + 1
+"""
+
+
+def test_user_model_file_with_input_shape(tmp_path, monkeypatch, capsys, et_oracle):
+    (tmp_path / "tiny.py").write_text(USER_MODEL)
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "tiny.py:Tiny", "--input-shape", "1,8",
+                            "--delegate", "--quantize", "-o", "tiny.pte")
+    assert code == 0, out
+    assert et_oracle.load(tmp_path / "tiny.pte") == ["forward"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["-m", "add", "-t", "ethos-u55-100"], ["ethos-u55-100", "ethos-u55-128"]),
+    (["-m", "mobilenet"], ["mobilenet", "mv2"]),
+    (["-m", "add", "--system_config", "Ethos_U55_Fast"], ["Ethos_U55_Fast", "Ethos_U55_High_End_Embedded"]),
+    (["-m", "add", "--memory_mode", "Sram_Everything"], ["Sram_Everything", "Shared_Sram"]),
+    (["-m", "add", "--memory_mode", "Dedicated_Sram"], ["Dedicated_Sram", "Ethos-U55", "Shared_Sram"]),
+    (["-m", "add", "--delegate", "--extra_flags=--bogus-flag"], ["--bogus-flag"]),
+    (["-m", "add", "-t", "vgf", "--memory_mode", "Shared_Sram"], ["--memory_mode", "vgf"]),
+    (["-m", "add", "-o", "no/such/dir/add.pte"], ["no/such/dir", "does not exist"]),
+    (["-m", "branchy.py:Branchy", "--input-shape", "4"], ["torch.export", "Branchy", "branchy.py:"]),
+    (["-m", "special.py:Special", "--input-shape", "4", "-t", "ethos-u55-128", "--delegate"],
+     ["digamma", "no kernel in the ExecuTorch CPU runtime", "fix:"]),
+    (["-m", "tiny.py:Missing", "--input-shape", "1,8"], ["Missing", "Tiny"]),
+    (["-m", "tiny.py:Tiny"], ["no example inputs", "--input-shape"]),
+    (["-m", "absent.py:Model"], ["absent.py", "not found"]),
+])
+def test_bad_input_is_one_clear_error(tmp_path, monkeypatch, capsys, args, words):
+    (tmp_path / "branchy.py").write_text(DATA_DEPENDENT)
+    (tmp_path / "special.py").write_text(NO_KERNEL)
+    (tmp_path / "tiny.py").write_text(USER_MODEL)
+    before = set(tmp_path.rglob("*"))
+    code, out, err = _compile(tmp_path, monkeypatch, capsys, *args)
+    assert code == 2
+    assert err.startswith("error: ") and "Traceback" not in err
+    for w in words:
+        assert w in err, f"{w!r} not in: {err}"
+    assert not [p for p in set(tmp_path.rglob("*")) - before if p.suffix in (".pte", ".tmp")], "output left behind"
+
+
+def test_exit_code_from_the_command_line(tmp_path):
+    done = subprocess.run([*TOSAKIT, "compile", "-m", "add", "-t", "nope"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: unknown target 'nope'")
+    assert not list(tmp_path.iterdir())
