@@ -317,6 +317,21 @@ class EthosUCompileSpec(ArmCompileSpec):
         return [*super().to_list(), CompileSpec("target", self.target.encode())]
 
 
+_HOW_TO_MAKE = {
+    "EthosUCompileSpec": "EthosUCompileSpec('ethos-u55-128')",
+    "VgfCompileSpec": "VgfCompileSpec()",
+}
+
+
+def require_spec(spec, cls: type, user: str):
+    """``spec`` if it is a ``cls``; otherwise an error that says how to make one."""
+    if not isinstance(spec, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise TosakitError(f"{user} needs {article} {cls.__name__}, got {type(spec).__name__}",
+                           f"create it with {_HOW_TO_MAKE.get(cls.__name__, cls.__name__ + '(...)')}")
+    return spec
+
+
 def compile_spec_for_target(
     target: str,
     system_config: str | None = None,

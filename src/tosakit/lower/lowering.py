@@ -68,6 +68,15 @@ def describe(node: Node) -> str:
     return f"{node.target} (node {node.name}{where})"
 
 
+def folds_to_integer(node: Node) -> bool:
+    """An op between dequantize and quantize that has an integer rule: it runs on the integers.
+    Without one (a float-only rule) it runs in float, its quantize/dequantize explicit."""
+    rule = RULES.get(node.target)
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], Node) and folds_to_integer(node.args[0])
+    return is_integer_node(node) and (rule is None or rule.support.int)
+
+
 def computes_in_float(node: Node) -> bool:
     """True when any tensor ``node`` reads or writes is floating point."""
     vals = [a.meta.get("val") for a in node.all_input_nodes]
@@ -85,8 +94,8 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
     if is_quantize(node) or is_dequantize(node):
         if not spec.support_integer():
             return f"{spec} has no integer profile for {node.target}"
-        folds = (all(is_integer_node(u) for u in node.users) if is_dequantize(node)
-                 else is_integer_node(node.args[0]))
+        folds = (all(folds_to_integer(u) for u in node.users) if is_dequantize(node)
+                 else folds_to_integer(node.args[0]))
         if folds:
             return None  # absorbed into the integer op next to it
         if not spec.support_float():
@@ -94,11 +103,15 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
     rule = RULES.get(node.target)
     if rule is None:
         return f"no TOSA lowering for {node.target}"
-    integer = is_integer_node(node) or not computes_in_float(node)
     s = rule.support
-    if integer and not (s.int and spec.support_integer()):
-        return (f"{node.target} computes on integers but {spec} has no integer profile"
-                if not spec.support_integer() else f"{node.target} has no integer (INT) lowering yet")
+    native_int = not computes_in_float(node)
+    integer = native_int or folds_to_integer(node)
+    if is_integer_node(node) and not integer and not spec.support_float():
+        return f"{node.target} has no integer (INT) lowering yet"
+    if integer and not spec.support_integer():
+        return f"{node.target} computes on integers but {spec} has no integer profile"
+    if native_int and not s.int:
+        return f"{node.target} has no integer (INT) lowering yet"
     if not integer:
         if not spec.support_float():
             return f"{node.target} computes in float and {spec} runs integers only: quantize the model"

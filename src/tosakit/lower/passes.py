@@ -7,7 +7,8 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
-from ..quantize.qdq import INTEGER_KEY, fused_activation_of, is_dequantize, is_integer_node, is_quantize, qparams_of
+from ..quantize.qdq import INTEGER_KEY, fused_activation_of, is_dequantize, is_quantize, qparams_of
+from .lowering import folds_to_integer
 
 aten = torch.ops.aten
 
@@ -114,7 +115,7 @@ def fold_batch_norm(gm: GraphModule) -> GraphModule:
 def fuse_integer_activations(gm: GraphModule) -> GraphModule:
     """Run clamp-like activations inside the integer op before them (one output rescale + clamp)."""
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not is_integer_node(node):
+        if node.op != "call_function" or not folds_to_integer(node):
             continue
         act = fused_activation_of(node)
         if act is None:
@@ -147,7 +148,7 @@ def fold_quantize_dequantize(gm: GraphModule) -> GraphModule:
     The qparams move to ``node.meta['tosakit_q']`` of the integer tensor they describe.
     Quantize/dequantize nodes next to float ops stay, and lower as explicit conversions.
     """
-    integer = {n for n in gm.graph.nodes if is_integer_node(n)}
+    integer = {n for n in gm.graph.nodes if folds_to_integer(n)}
     for n in integer:
         n.meta[INTEGER_KEY] = True
     for node in list(gm.graph.nodes):

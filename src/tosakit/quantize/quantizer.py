@@ -18,11 +18,12 @@ from torchao.quantization.pt2e.quantizer import (
 )
 
 from ..errors import TosakitError
-from ..specs import ArmCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec
+from ..specs import ArmCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec, require_spec
 from .config import QuantizationConfig
 
 aten = torch.ops.aten
 ANNOTATION_KEY = "quantization_annotation"
+CONFIG_KEY = "tosakit_qconfig"  # the config chosen for a node, set before the rules run
 
 # Activations that fuse into the op before them: the pair shares one output quantization.
 FUSABLE_ACTIVATIONS = {
@@ -93,7 +94,7 @@ def _fused_activation(node: Node) -> Node | None:
     """The single activation user that fuses into ``node``, if any."""
     users = list(node.users)
     if len(users) == 1 and users[0].op == "call_function" and users[0].target in FUSABLE_ACTIVATIONS:
-        if not is_annotated(users[0]):
+        if not is_annotated(users[0]) and users[0].meta.get(CONFIG_KEY) is not None:
             return users[0]
     return None
 
@@ -256,12 +257,13 @@ class TOSAQuantizer(Quantizer):
 
     def annotate(self, model: GraphModule) -> GraphModule:
         """Attach quantization annotations to every node a config covers."""
-        for node in model.graph.nodes:
-            if node.op != "call_function" or is_annotated(node):
-                continue
+        nodes = [n for n in model.graph.nodes if n.op == "call_function"]
+        for node in nodes:
+            node.meta[CONFIG_KEY] = self.config_for(node)
+        for node in nodes:
             rule = ANNOTATORS.get(node.target)
-            config = self.config_for(node)
-            if rule is not None and config is not None:
+            config = node.meta.pop(CONFIG_KEY)
+            if rule is not None and config is not None and not is_annotated(node):
                 rule(node, config)
         if self.io_config is not None:
             self._annotate_io(model, self.io_config)
@@ -304,22 +306,12 @@ class EthosUQuantizer(TOSAQuantizer):
     """Quantizer for Ethos-U targets (integer only: everything must be quantized)."""
 
     def __init__(self, compile_spec: EthosUCompileSpec):
-        if not isinstance(compile_spec, EthosUCompileSpec):
-            raise TosakitError(
-                f"EthosUQuantizer needs an EthosUCompileSpec, got {type(compile_spec).__name__}",
-                "create it with EthosUCompileSpec('ethos-u55-128') (or another Ethos-U target)",
-            )
-        super().__init__(compile_spec)
+        super().__init__(require_spec(compile_spec, EthosUCompileSpec, "EthosUQuantizer"))
 
 
 class VgfQuantizer(TOSAQuantizer):
     """Quantizer for VGF targets (partial quantization allowed)."""
 
     def __init__(self, compile_spec: VgfCompileSpec):
-        if not isinstance(compile_spec, VgfCompileSpec):
-            raise TosakitError(
-                f"VgfQuantizer needs a VgfCompileSpec, got {type(compile_spec).__name__}",
-                "create it with VgfCompileSpec()",
-            )
-        super().__init__(compile_spec)
+        super().__init__(require_spec(compile_spec, VgfCompileSpec, "VgfQuantizer"))
 

@@ -10,7 +10,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from ...errors import TosakitError
 from ...lower import LoweredGraph, TOSAPartitioner
 from ...lower.tosa_graph import is_float
-from ...specs import ArmCompileSpec, EthosUCompileSpec
+from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
 from .. import PreprocessResult, backend
 from .payload import EthosUPayload, pack_payload, parse_payload
 from .vela import VelaReport, VelaResult, compile_tosa
@@ -40,8 +40,7 @@ def raw_npz(result: VelaResult) -> bytes:
 @backend("EthosUBackend")
 def preprocess(lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
     """Compile with Vela; the payload is the block stream the Ethos-U runtime reads."""
-    if not isinstance(spec, EthosUCompileSpec):
-        raise TosakitError("EthosUBackend needs an EthosUCompileSpec", "use EthosUCompileSpec('ethos-u55-128')")
+    require_spec(spec, EthosUCompileSpec, "EthosUBackend")
     for v in [*lowered.inputs, *lowered.outputs]:
         if is_float(v.dtype):
             raise TosakitError(f"delegate tensor {v.name} is float; Ethos-U delegates take integer I/O only",
@@ -60,7 +59,4 @@ class EthosUPartitioner(TOSAPartitioner):
     """Partitions subgraphs the Ethos-U NPU runs (integers only)."""
 
     def __init__(self, compile_spec: EthosUCompileSpec, additional_checks: list[OperatorSupportBase] | None = None):
-        if not isinstance(compile_spec, EthosUCompileSpec):
-            raise TosakitError(f"EthosUPartitioner needs an EthosUCompileSpec, got {type(compile_spec).__name__}",
-                               "create it with EthosUCompileSpec('ethos-u55-128')")
-        super().__init__(compile_spec, additional_checks)
+        super().__init__(require_spec(compile_spec, EthosUCompileSpec, "EthosUPartitioner"), additional_checks)

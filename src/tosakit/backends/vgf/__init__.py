@@ -11,7 +11,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ...errors import TosakitError
 from ...lower import LoweredGraph, TOSAPartitioner
-from ...specs import ArmCompileSpec, VgfCompileSpec
+from ...specs import ArmCompileSpec, VgfCompileSpec, require_spec
 from .. import PreprocessResult, backend
 
 
@@ -55,7 +55,4 @@ class VgfPartitioner(TOSAPartitioner):
     """Partitions subgraphs for the Arm VGF backend."""
 
     def __init__(self, compile_spec: VgfCompileSpec, additional_checks: list[OperatorSupportBase] | None = None):
-        if not isinstance(compile_spec, VgfCompileSpec):
-            raise TosakitError(f"VgfPartitioner needs a VgfCompileSpec, got {type(compile_spec).__name__}",
-                               "create it with VgfCompileSpec()")
-        super().__init__(compile_spec, additional_checks)
+        super().__init__(require_spec(compile_spec, VgfCompileSpec, "VgfPartitioner"), additional_checks)

@@ -1,0 +1,154 @@
+"""Quantizer config selection, partitioner checks, and CPU-only programs in the ExecuTorch runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+from tosakit import (DontPartition, DontPartitionModule, DontPartitionName, EthosUCompileSpec, EthosUPartitioner,
+                     EthosUQuantizer, VgfCompileSpec, VgfPartitioner, VgfQuantizer, get_symmetric_quantization_config,
+                     to_edge_transform_and_lower)
+from tosakit.flow import compile
+from tosakit.quantize.qdq import is_quantize
+from tosakit.runtime import check_delegates
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+        self.second = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.second(self.act(self.first(x)))
+
+
+def _inputs(*shape):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),)
+
+
+def _quantize(quantizer, model, inputs):
+    gm = prepare_pt2e(torch.export.export(model.eval(), inputs).module(), quantizer)
+    gm(*inputs)
+    return convert_pt2e(gm)
+
+
+def _annotated(quantizer, model=None, inputs=_inputs(2, 8)) -> set[str]:
+    """Names of the nodes the quantizer annotated (before observers are inserted)."""
+    gm = torch.export.export((model or Two()).eval(), inputs).module()
+    quantizer.annotate(quantizer.transform_for_annotation(gm))
+    return {n.name for n in gm.graph.nodes if n.meta.get("quantization_annotation") is not None}
+
+
+def test_module_name_and_type_select_configs():
+    config = get_symmetric_quantization_config()
+    spec = VgfCompileSpec()
+    assert _annotated(VgfQuantizer(spec).set_global(config)) == {"linear", "relu", "linear_1"}
+    assert _annotated(VgfQuantizer(spec).set_global(config).set_module_name("second", None)) == {"linear", "relu"}
+    assert _annotated(VgfQuantizer(spec).set_global(None).set_module_type(nn.Linear, config)) == {"linear", "linear_1"}
+    assert _annotated(VgfQuantizer(spec).set_global(None).set_module_name("first", config)) == {"linear"}
+
+
+class Sandwich(nn.Module):
+    """A float-only op (sigmoid) between quantized layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.act = nn.Sigmoid()
+        self.second = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.second(self.act(self.first(x)))
+
+
+def test_float_op_between_quantized_layers():
+    """VGF (FP+INT): the sigmoid runs in float inside the delegate, with explicit (de)quantization;
+    Ethos-U (INT only): it stays on the CPU and the report says why."""
+    model, inputs = Sandwich(), _inputs(2, 8)
+    config = get_symmetric_quantization_config()
+    quantized = _quantize(VgfQuantizer(VgfCompileSpec()).set_global(config).set_module_type(nn.Sigmoid, None),
+                          model, inputs)
+    edge = to_edge_transform_and_lower(torch.export.export(quantized, inputs),
+                                       partitioner=[VgfPartitioner(VgfCompileSpec())])
+    [delegate] = edge.delegates
+    assert delegate.tosa_ops.get("SIGMOID") == 1 and delegate.tosa_ops.get("CAST") == 2
+    assert all(c.passed for c in check_delegates(edge, inputs))
+    spec = EthosUCompileSpec("ethos-u55-128")
+    edge = to_edge_transform_and_lower(torch.export.export(quantized, inputs), partitioner=[EthosUPartitioner(spec)])
+    placed = {p.node: p for p in edge.placements}
+    assert placed["sigmoid"].placement == "cpu" and "no integer (INT) lowering" in placed["sigmoid"].reason
+    assert len(edge.delegates) == 2
+
+
+def test_partial_quantization_stays_in_one_vgf_delegate():
+    """VGF runs FP and INT: a float submodule lives in the same delegate as the quantized ones."""
+    model, inputs = Two(), _inputs(2, 8)
+    config = get_symmetric_quantization_config()
+    quantized = _quantize(VgfQuantizer(VgfCompileSpec()).set_global(config).set_module_name("second", None),
+                          model, inputs)
+    edge = to_edge_transform_and_lower(torch.export.export(quantized, inputs),
+                                       partitioner=[VgfPartitioner(VgfCompileSpec())])
+    [delegate] = edge.delegates
+    assert delegate.tosa_ops.get("CONV2D") == 2 and delegate.tosa_ops.get("CAST") == 1
+    assert all(c.passed for c in check_delegates(edge, inputs))
+
+
+def test_set_io_config_applies_to_model_inputs_and_outputs():
+    spec = EthosUCompileSpec("ethos-u55-128")
+    io = get_symmetric_quantization_config(act_qmin=-127, act_qmax=127)
+    gm = _quantize(EthosUQuantizer(spec).set_global(get_symmetric_quantization_config()).set_io(io),
+                   Two(), _inputs(2, 8))
+    qs = [n for n in gm.graph.nodes if is_quantize(n)]
+    first = next(q for q in qs if q.args[0].op == "placeholder")
+    last = qs[-1]
+    assert first.args[3:5] == (-127, 127) and last.args[3:5] == (-127, 127)
+    inner = [q for q in qs if q not in (first, last)]
+    assert inner and all(q.args[3:5] == (-128, 127) for q in inner)
+
+
+def test_additional_checks_keep_ops_on_the_cpu_with_their_reason():
+    model, inputs = Two(), _inputs(2, 8)
+    spec = EthosUCompileSpec("ethos-u85-256")
+    quantized = _quantize(EthosUQuantizer(spec).set_global(get_symmetric_quantization_config()), model, inputs)
+    cases = [
+        (DontPartition(torch.ops.aten.relu.default), "relu", "excluded by DontPartition"),
+        (DontPartitionName("linear_1"), "linear_1", "excluded by DontPartitionName('linear_1')"),
+        (DontPartitionModule(instance_name="first"), "linear", "excluded by DontPartitionModule(instance_name='first')"),
+        (DontPartitionModule(module_name="ReLU"), "relu", "excluded by DontPartitionModule(module_name='ReLU')"),
+    ]
+    for check, node, reason in cases:
+        edge = to_edge_transform_and_lower(torch.export.export(quantized, inputs),
+                                           partitioner=[EthosUPartitioner(spec, additional_checks=[check])])
+        placed = {p.node: p for p in edge.placements}
+        assert placed[node].placement == "cpu" and placed[node].reason == reason, placed[node]
+        assert edge.delegates, "the rest is still delegated"
+
+
+def test_cpu_program_with_constants_runs_in_executorch(tmp_path, et_oracle):
+    """No delegate: constants in the segment, memory-planned activations, portable kernels."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 5), nn.Softmax(-1)).eval()
+    inputs = _inputs(1, 3, 12, 12)
+    compiled = compile(model, inputs, "ethos-u55-128", quantize=False, delegate=False)
+    assert compiled.program.emitted.constant_bytes > 0 and compiled.program.emitted.arena_bytes > 0
+    path = tmp_path / "cpu.pte"
+    compiled.program.save(path)
+    [got] = et_oracle.run(path, inputs)
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(*inputs).numpy(), atol=1e-6, rtol=1e-5)
+
+
+def test_quantized_cpu_program_runs_in_executorch(tmp_path, et_oracle):
+    """Quantize/dequantize kernels and float ops on the CPU match the fake-quantized model."""
+    model, inputs = Two(), _inputs(2, 8)
+    compiled = compile(model, inputs, "ethos-u55-128", quantize=True, delegate=False)
+    assert "quantized_decomposed::quantize_per_tensor.out" in compiled.program.emitted.kernel_ops
+    path = tmp_path / "qcpu.pte"
+    compiled.program.save(path)
+    [got] = et_oracle.run(path, inputs)
+    with torch.no_grad():
+        np.testing.assert_allclose(got, compiled.quantized(*inputs).numpy(), atol=1e-5)
