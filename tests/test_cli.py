@@ -130,3 +130,19 @@ def test_exit_code_from_the_command_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: unknown target 'nope'")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_verify_mv2_prints_the_table_and_writes_reports(tmp_path, monkeypatch, capsys):
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "mv2", "--delegate", "--quantize", "--verify",
+                            "-i", "rep")
+    assert code == 0
+    assert "0 [1, 1000]       float" in out and "0 [1, 1000]       fake-quant" in out
+    assert "every layer matches the fake-quantized model" in out
+    folder = tmp_path / "rep"
+    html = (folder / "report.html").read_text()
+    assert 'src="data:image/png;base64,' in html and "Per layer" in html
+    rows = (folder / "layers.csv").read_text().splitlines()
+    assert rows[0].startswith("delegate,node,op") and len(rows) > 60
+    report = json.loads((folder / "report.json").read_text())
+    assert report["verification"]["outputs"][0]["vs_fake_quant"]["max_abs_error"] == 0

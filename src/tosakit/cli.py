@@ -45,7 +45,23 @@ class CompileOptions:
     output: str | None = None
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
     debug_info: bool = False
+    verify: bool = False
+    inputs_file: str | None = None
+    random_inputs: bool = False
     quiet: bool = False
+
+
+@dataclass
+class CompileRun:
+    """What one ``tosakit compile`` produced."""
+
+    output: Path
+    edge: object
+    program: object
+    inputs: tuple
+    model: object
+    quantized: object | None
+    verification: object | None = None
 
 
 def default_output_name(model: str, target: str, delegate: bool) -> str:
@@ -63,8 +79,8 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
-def compile_model(opts: CompileOptions):
-    """Run the whole flow for ``opts``; returns (output path, edge program, executorch program, inputs)."""
+def compile_model(opts: CompileOptions) -> CompileRun:
+    """Run the whole flow for ``opts`` (and ``--verify``); writes the .pte and, with -i, the reports."""
     from .capture import export
     from .flow import partitioner_for, quantize_model
     from .program import to_edge_transform_and_lower
@@ -80,27 +96,55 @@ def compile_model(opts: CompileOptions):
         raise TosakitError(f"output {output} does not end in .pte", "name the output file like model.pte")
     if not (output.parent if str(output.parent) else Path(".")).is_dir():
         raise TosakitError(f"output folder {output.parent} does not exist", "create it or choose another -o path")
+    check_inputs = _verify_inputs(opts, inputs)
     if opts.intermediates:
         spec.dump_intermediate_artifacts_to(opts.intermediates)
         Path(opts.intermediates).mkdir(parents=True, exist_ok=True)
     spec.embed_tosa = opts.debug_info
     progress.step(f"exporting {name} ({type(model).__name__}) with torch.export")
+    quantized = None
     if opts.quantize:
         progress.step("quantizing: int8 activations, int8 per-channel weights, calibrated on the example inputs")
-        model = quantize_model(model, inputs, spec)
-    ep = export(model, inputs)
+        quantized = quantize_model(model, inputs, spec)
+    ep = export(quantized if quantized is not None else model, inputs)
     partitioners = [partitioner_for(spec)] if opts.delegate else []
     progress.step("partitioning and lowering" + (f" for {opts.target}" if opts.delegate else " (no delegate)"))
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
     progress.step("writing the program")
     program = edge.to_executorch()
     program.save(output)
+    run = CompileRun(output, edge, program, inputs, model, quantized)
+    if opts.verify:
+        from .runtime.verify import verify
+
+        progress.step("verifying on the host against float PyTorch and the fake-quantized model")
+        run.verification = verify(edge, program, check_inputs, model, quantized, layers=bool(opts.intermediates))
     if opts.intermediates:
-        write_report(Path(opts.intermediates) / "report.json", edge, program, opts, output)
-    return output, edge, program, inputs
+        _write_intermediates(Path(opts.intermediates), run, opts)
+    return run
 
 
-def write_report(path: Path, edge, program, opts: CompileOptions, output: Path) -> None:
+def _verify_inputs(opts: CompileOptions, example: tuple) -> tuple:
+    """What --verify runs on: --inputs FILE, --random, or the calibration (example) inputs."""
+    from .runtime.io import random_inputs, read_inputs
+
+    if opts.inputs_file:
+        return tuple(read_inputs(opts.inputs_file, len(example)))
+    if opts.random_inputs:
+        return tuple(random_inputs([(t.dtype, tuple(t.shape)) for t in example], seed=0))
+    return example
+
+
+def _write_intermediates(folder: Path, run: CompileRun, opts: CompileOptions) -> None:
+    from .report import write_html, write_layers_csv
+
+    write_report(folder / "report.json", run.edge, run.program, opts, run.output, run.verification)
+    if run.verification is not None and run.verification.layers:
+        write_layers_csv(folder / "layers.csv", run.verification.layers)
+    write_html(folder / "report.html", f"{opts.model_name} -> {opts.target}", run.edge, run.program, run.verification)
+
+
+def write_report(path: Path, edge, program, opts: CompileOptions, output: Path, verification=None) -> None:
     """The delegation report as JSON: where every op runs, and each delegate's figures."""
     from .errors import write_atomic
 
@@ -118,7 +162,21 @@ def write_report(path: Path, edge, program, opts: CompileOptions, output: Path) 
              "vela": _vela_dict(d.report)} for d in edge.delegates
         ],
     }
+    if verification is not None:
+        report["verification"] = {
+            "outputs": [{"index": o.index, "shape": list(o.shape), "vs_float": _plain(o.vs_float),
+                         "vs_fake_quant": _plain(o.vs_fake_quant)} for o in verification.outputs],
+            "layers": [{**{k: v for k, v in vars(lay).items() if k != "vs_float"}, "vs_float": _plain(lay.vs_float),
+                        "matches": lay.matches} for lay in verification.layers],
+        }
     write_atomic(path, json.dumps(report, indent=2, default=str).encode())
+
+
+def _plain(agreement) -> dict | None:
+    if agreement is None:
+        return None
+    return {k: (str(v) if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))) else v)
+            for k, v in vars(agreement).items()}
 
 
 def _vela_dict(report) -> dict | None:
@@ -163,11 +221,58 @@ def _cmd_compile(args) -> int:
         model_name=args.model_name, target=args.target, delegate=args.delegate, quantize=args.quantize,
         system_config=args.system_config, memory_mode=args.memory_mode, config_ini=args.config_ini,
         extra_flags=args.extra_flags, intermediates=args.intermediates, output=args.output,
-        input_shapes=args.input_shape or [], debug_info=args.debug_info, quiet=args.quiet,
+        input_shapes=args.input_shape or [], debug_info=args.debug_info, verify=args.verify,
+        inputs_file=args.inputs, random_inputs=args.random, quiet=args.quiet,
     )
     start = time.perf_counter()
-    output, edge, program, _ = compile_model(opts)
-    print(summary(output, edge, program, time.perf_counter() - start))
+    run = compile_model(opts)
+    print(summary(run.output, run.edge, run.program, time.perf_counter() - start))
+    if run.verification is not None:
+        print(run.verification.table())
+    if opts.intermediates:
+        print(f"reports: {Path(opts.intermediates) / 'report.html'}, report.json"
+              + (", layers.csv" if run.verification is not None and run.verification.layers else ""))
+    return 0
+
+
+def _cmd_run(args) -> int:
+    import numpy as np
+
+    from .runtime import load
+    from .runtime.io import random_inputs, read_inputs, write_outputs
+
+    program = load(args.pte)
+    specs = program.input_specs()
+    if args.inputs:
+        inputs = read_inputs(args.inputs, len(specs))
+    elif args.random:
+        inputs = random_inputs([(s.dtype, s.shape) for s in specs], seed=args.seed)
+    else:
+        raise TosakitError("tosakit run needs inputs", "pass --inputs file.npz (arrays arg0, arg1, ...) or --random")
+    start = time.perf_counter()
+    outputs = program.run(inputs)
+    seconds = time.perf_counter() - start
+    for i, out in enumerate(outputs):
+        desc = f"output {i}: {str(out.dtype).replace('torch.', '')}{list(out.shape)}"
+        if out.numel():
+            o = out.double()
+            desc += f" min {float(o.min()):.6g} max {float(o.max()):.6g} mean {float(o.mean()):.6g}"
+        if out.dim() == 2 and out.shape[-1] > 1 and out.is_floating_point():
+            desc += f"; top-5 classes {out[0].topk(min(5, out.shape[-1])).indices.tolist()}"
+        print(desc)
+    print(f"ran {args.pte} in {seconds:.3f} s")
+    if args.outputs:
+        write_outputs(args.outputs, [np.asarray(o) for o in outputs])
+        print(f"wrote {args.outputs}")
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from .runtime import load
+    from .runtime.inspect import describe
+
+    program = load(args.pte)
+    print(describe(program, Path(args.pte).stat().st_size))
     return 0
 
 
@@ -191,24 +296,27 @@ DEMO = (
 
 
 def _cmd_demo(args) -> int:
-    """Compile the tutorial's programs and check each delegate on the TOSA reference model."""
-    from .runtime import check_delegates
-
+    """Compile the tutorial's programs, and verify each on the host against PyTorch."""
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for model, target, delegate, quantize in DEMO:
         name = default_output_name(model, target, delegate)
         print(f"\n== {name}", flush=True)
-        opts = CompileOptions(model, target, delegate, quantize, output=str(out / name), quiet=True)
+        folder = out / name.removesuffix(".pte")
+        opts = CompileOptions(model, target, delegate, quantize, output=str(out / name), intermediates=str(folder),
+                              verify=True, quiet=True)
         start = time.perf_counter()
-        output, edge, program, inputs = compile_model(opts)
-        print(summary(output, edge, program, time.perf_counter() - start))
-        checks = check_delegates(edge, inputs)
-        for c in checks:
-            print(f"verify: {c}")
-        failed += sum(not c.passed for c in checks)
-    print(f"\n{'all delegates match PyTorch' if not failed else f'{failed} delegate output(s) differ'}")
+        run = compile_model(opts)
+        print(summary(run.output, run.edge, run.program, time.perf_counter() - start))
+        print(run.verification.table())
+        bad = run.verification.first_divergent_layer
+        ref = [o.vs_fake_quant or o.vs_float for o in run.verification.outputs]
+        exact = all(a is not None and (a.max_abs_error <= 1e-4 * max(1.0, a.max_abs_error) or a.snr_db > 60)
+                    for a in ref)
+        failed += bool(bad) or not exact
+        print(f"report: {folder / 'report.html'}")
+    print(f"\n{'every program matches PyTorch' if not failed else f'{failed} program(s) differ from PyTorch'}")
     return 0 if not failed else EXIT_INTERNAL_ERROR
 
 
@@ -233,8 +341,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="example input shape for a model file without example inputs (repeat per input)")
     c.add_argument("--debug-info", "--debug_info", action="store_true",
                    help="carry each delegate's TOSA inside the .pte (for running it on the host)")
+    c.add_argument("--verify", action="store_true",
+                   help="run the program on the host against float PyTorch and the fake-quantized model "
+                        "(per layer too, with -i)")
+    c.add_argument("--inputs", help="inputs for --verify: an .npz with arrays arg0, arg1, ...")
+    c.add_argument("--random", action="store_true", help="seeded random inputs for --verify")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=_cmd_compile)
+    r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, delegates on the TOSA reference model)")
+    r.add_argument("pte")
+    r.add_argument("--inputs", help=".npz with arrays arg0, arg1, ... (or in file order)")
+    r.add_argument("--random", action="store_true", help="seeded random inputs of the program's shapes")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--outputs", help="write the outputs to this .npz (out0, out1, ...)")
+    r.set_defaults(func=_cmd_run)
+    i = sub.add_parser("inspect", help="describe a .pte: methods, I/O, kernels, delegates, memory")
+    i.add_argument("pte")
+    i.set_defaults(func=_cmd_inspect)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(func=_cmd_models)
     d = sub.add_parser("demo", help="compile the tutorial models and verify them on the host")

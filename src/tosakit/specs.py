@@ -186,6 +186,11 @@ class ArmCompileSpec:
         """The folder intermediates are written to, if any."""
         return self.path_for_intermediates
 
+    def with_debug_info(self, enabled: bool = True):
+        """Carry each delegate's TOSA inside the .pte, so the host runtime (``tosakit run``) can run it."""
+        self.embed_tosa = enabled
+        return self
+
     def dump_debug_info(self, debug_mode: DebugMode | None):
         """Write extra debug information into the intermediates folder."""
         self.tosa_debug_mode = debug_mode

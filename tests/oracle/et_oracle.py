@@ -44,7 +44,7 @@ def export(args):
     from executorch.exir import to_edge
 
     spec = runpy.run_path(args.model_py)
-    exported = torch.export.export(spec["model"].eval(), tuple(spec["example_inputs"]))
+    exported = torch.export.export(spec["model"], tuple(spec["example_inputs"]))  # sources give eval-mode models
     with open(args.out_pte, "wb") as f:
         f.write(to_edge(exported).to_executorch().buffer)
     return {"written": args.out_pte}

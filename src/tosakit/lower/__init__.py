@@ -14,7 +14,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from ..capture import PRESERVED_OPS, CapturedProgram
 from ..errors import TosakitError
 from ..partition import DelegationSpec, Partitioner, PartitionResult
-from ..specs import ArmCompileSpec
+from ..specs import ArmCompileSpec, TosaSpecification
 from . import rules  # noqa: F401  (fills the rule table)
 from .lowering import RULES, LoweredGraph, OpSupport, lower_graph, support_reason
 from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, run
@@ -35,9 +35,9 @@ def prepare_program(gm: GraphModule) -> GraphModule:
     return run(PROGRAM_PIPELINE, gm)
 
 
-def lower_partition(gm: GraphModule, compile_spec: ArmCompileSpec) -> LoweredGraph:
-    """Run the partition passes, then lower the graph to TOSA for ``compile_spec``."""
-    return lower_graph(run(PARTITION_PIPELINE, gm), compile_spec.tosa_spec)
+def lower_partition(gm: GraphModule, tosa_spec: TosaSpecification, probes: bool = False) -> LoweredGraph:
+    """Run the partition passes, then lower the graph to TOSA (``probes``: every op's result an output too)."""
+    return lower_graph(run(PARTITION_PIPELINE, gm), tosa_spec, probes)
 
 
 class TOSAPartitioner:

@@ -8,7 +8,7 @@ lowers in and what limits apply. The partitioner reads the same records.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -329,15 +329,19 @@ def make_attr(kind: str, *args):
 
 @dataclass
 class LoweredGraph:
-    """A partition lowered to TOSA: the flatbuffer and what its I/O stands for."""
+    """A partition lowered to TOSA: the flatbuffer and what its I/O stands for.
+
+    With probes, every op's result is an extra output after the real ones, named in ``probes``.
+    """
 
     tosa: bytes
     inputs: list[Value]
     outputs: list[Value]
     op_count: dict[str, int]
+    probes: list[tuple[str, Value]] = field(default_factory=list)
 
 
-def lower_graph(gm: GraphModule, spec: TosaSpecification) -> LoweredGraph:
+def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) -> LoweredGraph:
     """Lower a (pass-prepared) partition graph to one TOSA basic block."""
     ctx = Lowering(gm, spec)
     inputs = []
@@ -358,12 +362,23 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification) -> LoweredGraph:
                 raise UnsupportedOpError(f"cannot lower {describe(node)} for {spec}: {reason}",
                                          "leave it to the CPU (partitioner) or file an issue with the model")
             ctx.values[node] = ctx.requantize(RULES[node.target].lower(ctx, node), node)
-    outputs = []
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    for a in out_node.args[0]:
-        v = ctx.torch_order(ctx.arg(a))
-        if v.name in {i.name for i in inputs} or v.name in {o.name for o in outputs}:
-            v = ctx.emit(Op.IDENTITY, [v], v.shape, v.dtype, like=v, q=v.q)
-        ctx.g.output(v.name)
-        outputs.append(v)
-    return LoweredGraph(ctx.g.serialize(), inputs, outputs, dict(ctx.g.op_count))
+    used = {i.name for i in inputs}
+    outputs = [_mark_output(ctx, ctx.arg(a), used) for a in out_node.args[0]]
+    op_count = dict(ctx.g.op_count)
+    probed = []
+    if probes:
+        for node, v in list(ctx.values.items()):
+            if node.op == "call_function" and isinstance(v, Value) and node.target is not operator.getitem:
+                probed.append((node.name, _mark_output(ctx, v, used)))
+    return LoweredGraph(ctx.g.serialize(), inputs, outputs, op_count, probed)
+
+
+def _mark_output(ctx: Lowering, v: Value, used: set[str]) -> Value:
+    """Make ``v`` (in torch layout) a graph output; a tensor already used as I/O gets an IDENTITY copy."""
+    v = ctx.torch_order(v)
+    if v.name in used:
+        v = ctx.emit(Op.IDENTITY, [v], v.shape, v.dtype, like=v, q=v.q)
+    used.add(v.name)
+    ctx.g.output(v.name)
+    return v

@@ -121,6 +121,7 @@ def fuse_integer_activations(gm: GraphModule) -> GraphModule:
         if act is None:
             continue
         node.meta["tosakit_clamp"] = clamp_bounds(act)
+        node.meta["tosakit_fused"] = act.name  # the PyTorch node whose value this op now produces
         node.meta["val"] = act.meta.get("val", node.meta.get("val"))
         act.replace_all_uses_with(node)
         gm.graph.erase_node(act)

@@ -8,6 +8,7 @@ The entry points keep ExecuTorch's names: ``to_edge_transform_and_lower``,
 from __future__ import annotations
 
 import copy
+import hashlib
 import operator
 import time
 from dataclasses import dataclass, field
@@ -63,8 +64,10 @@ class LoweredBackendModule(torch.nn.Module):
     """A delegate: backend id, processed payload, compile specs, and the graph it replaces."""
 
     def __init__(self, backend_id: str, processed_bytes: bytes, compile_specs: list[CompileSpec],
-                 original_module: GraphModule, tosa: bytes, report=None, op_count=None, named_data=None):
+                 original_module: GraphModule, tosa: bytes, tosa_spec, report=None, op_count=None,
+                 named_data=None):
         super().__init__()
+        self.tosa_spec = tosa_spec
         self.backend_id = backend_id
         self.processed_bytes = processed_bytes
         self.compile_specs = compile_specs
@@ -148,6 +151,11 @@ class ExecutorchProgramManager:
         return write_atomic(path, self.buffer)
 
 
+def tosa_key(processed: bytes) -> str:
+    """Named-data key of a delegate's TOSA (carried with --debug-info): found from the payload itself."""
+    return f"tosakit.tosa.{hashlib.sha256(processed).hexdigest()[:24]}"
+
+
 def save_pte_program(prog: ExecutorchProgramManager, model_name: str, output_dir: str = "") -> str:
     """Save ``prog`` as ``<output_dir>/<model_name>.pte``; returns the path."""
     name = model_name if model_name.endswith(".pte") else model_name + ".pte"
@@ -224,12 +232,12 @@ def _fuse(gm: GraphModule, tag: str, spec, index: int) -> DelegateInfo:
     start = time.perf_counter()
     sub = extract_subgraph(gm, tag)
     original = copy.deepcopy(sub.graph_module)
-    lowered = lower_partition(sub.graph_module, spec)
+    lowered = lower_partition(sub.graph_module, spec.tosa_spec)
     result = preprocess(spec.backend_id, lowered, spec)
     name = f"lowered_module_{index}"
-    named = {f"{name}.tosa": lowered.tosa} if spec.embed_tosa else {}
+    named = {tosa_key(result.processed_bytes): lowered.tosa} if spec.embed_tosa else {}
     module = LoweredBackendModule(spec.backend_id, result.processed_bytes, spec.to_list(), original, lowered.tosa,
-                                  result.report, lowered.op_count, named)
+                                  spec.tosa_spec, result.report, lowered.op_count, named)
     gm.add_module(name, module)
     members = [n for n in gm.graph.nodes if n.meta.get(TAG_KEY) == tag]
     with gm.graph.inserting_after(members[-1]):

@@ -246,8 +246,7 @@ class Emitter:
                                               BackendDelegateDataReference(DataLocation.INLINE,
                                                                            len(self.delegate_data) - 1),
                                               list(lowered.compile_specs)))
-        for key, data in lowered.named_data.items():
-            self.named.append((key, data))
+        self.named += lowered.named_data.items()
         self.instructions.append(Instruction(DelegateCall(len(self.delegates) - 1, [*inputs, *outs])))
 
     # ------------------------------------------------------------ whole program
@@ -285,10 +284,8 @@ class Emitter:
         arena = plan_memory(list(self.planned.values()))
         for p in self.planned.values():
             self.values[p.value].val.allocation_info = AllocationDetails(1, p.offset & 0xFFFFFFFF, p.offset >> 32)
-        segments, const_offsets = [], [0]
-        if self.constants:
-            data, const_offsets = constant_segment_bytes(self.constants)
-            segments.append(data)
+        data, const_offsets = constant_segment_bytes(self.constants)
+        segments = [data] if self.constants or self.named else []  # segment 0: constants (maybe empty)
         named_data = []
         for key, blob in self.named:
             segments.append(blob)

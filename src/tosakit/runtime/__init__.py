@@ -1,5 +1,7 @@
-"""Stage 7: run on the host — TOSA on the reference model, delegates checked against PyTorch."""
+"""Stage 7: run on the host — .pte programs, TOSA on the reference model, checks against PyTorch."""
 
+from .program import LoadedProgram, TensorSpec, load
 from .reference import DelegateCheck, check_delegates, compare, evaluate_exact, run_edge, run_tosa
 
-__all__ = ["DelegateCheck", "check_delegates", "compare", "evaluate_exact", "run_edge", "run_tosa"]
+__all__ = ["DelegateCheck", "LoadedProgram", "TensorSpec", "check_delegates", "compare", "evaluate_exact", "load",
+           "run_edge", "run_tosa"]

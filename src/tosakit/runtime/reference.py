@@ -68,21 +68,31 @@ def compare(delegate: str, index: int, got: np.ndarray, want: torch.Tensor, fp_t
 
 
 class ExactInterpreter(Interpreter):
-    """Evaluates a quantize/dequantize graph in float64, so only the quantization itself rounds.
+    """Evaluates a quantize/dequantize graph in float64, so only the quantization itself rounds
+    (model inputs are quantized from float32, as the program's CPU kernel does).
 
     A float32 run of a fake-quantized network rounds a few values differently at every
     quantize, and deep networks amplify those flips; integer kernels are exact, so this is
     the evaluation they must match.
     """
 
+    def __init__(self, gm, record: dict | None = None, forced: dict | None = None):
+        super().__init__(gm)
+        self.record = record  # when given: every node's value, by name
+        self.forced = forced or {}  # node name -> value used downstream instead of the computed one
+
     def run_node(self, n):
         self._node = n
-        return super().run_node(n)
+        out = super().run_node(n)
+        if self.record is not None:
+            self.record[n.name] = out
+        return self.forced.get(n.name, out)
 
     def call_function(self, target, args, kwargs):
         n = self._node
         if is_quantize(n):
-            return qparams_of(n, self.module).quantize(args[0].double())
+            x = args[0] if n.args[0].op == "placeholder" else args[0].double()  # inputs: as the program does
+            return qparams_of(n, self.module).quantize(x)
         if is_dequantize(n):
             return qparams_of(n, self.module).dequantize(args[0], torch.float64)
         args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)

@@ -1,0 +1,126 @@
+"""report.html: where every op runs, each delegate's figures, and how far results drift from float."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+from pathlib import Path
+
+from .errors import write_atomic
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def snr_plot(layers) -> str | None:
+    """SNR against float per layer, with layers that differ from the fake-quantized model in red."""
+    points = [(i, layer) for i, layer in enumerate(layers) if layer.vs_float is not None]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, len(points) * 0.12), 3.2))
+    xs = [i for i, _ in points]
+    ys = [min(layer.vs_float.snr_db, 100.0) for _, layer in points]
+    ax.plot(xs, ys, "-o", markersize=3, color="#2a6fdb", label="SNR against float (dB)")
+    bad = [(i, y) for (i, layer), y in zip(points, ys) if not layer.matches]
+    if bad:
+        ax.scatter(*zip(*bad), color="#d62728", zorder=3, label="differs from the fake-quantized model")
+    ax.set_xlabel("layer (graph order)")
+    ax.set_ylabel("SNR (dB)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    png = _png(fig)
+    plt.close(fig)
+    return png
+
+
+def _table(headers, rows) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return "inf" if math.isinf(x) else f"{x:.4g}"
+    return str(x)
+
+
+def write_layers_csv(path: Path, layers) -> None:
+    """The per-layer table as CSV."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["delegate", "node", "op", "shape", "integer", "steps_off_fake_quant", "rel_error", "snr_db_vs_float",
+                "cosine_vs_float", "matches"])
+    for layer in layers:
+        f = layer.vs_float
+        w.writerow([layer.delegate, layer.node, layer.target, "x".join(map(str, layer.shape)), layer.integer,
+                    _fmt(layer.steps_off), _fmt(layer.rel_error), _fmt(f.snr_db if f else None),
+                    _fmt(f.cosine if f else None), layer.matches])
+    write_atomic(path, buf.getvalue().encode())
+
+
+def write_html(path: Path, title: str, edge, program=None, verification=None) -> None:
+    """One self-contained HTML page (plots embedded)."""
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    placements = edge.placements
+    delegated = sum(p.placement == "delegate" for p in placements)
+    parts.append(f"<p>{delegated} of {len(placements)} ops delegated; "
+                 f"{len(placements) - delegated} on the CPU.</p>")
+    if program is not None:
+        e = program.emitted
+        parts.append(f"<p>.pte: {len(program.buffer):,} bytes; arena {e.arena_bytes:,} B; constants "
+                     f"{e.constant_bytes:,} B; CPU kernels: {html.escape(', '.join(e.kernel_ops) or 'none')}</p>")
+    for d in edge.delegates:
+        parts.append(f"<h2>{html.escape(d.name)}: {html.escape(d.backend_id)} ({html.escape(d.target)})</h2>")
+        parts.append(_table(["TOSA op", "count"], sorted(d.tosa_ops.items(), key=lambda kv: -kv[1])))
+        if d.report is not None:
+            r = d.report
+            parts.append(_table(["SRAM used", "off-chip used", "cycles", "inference time", "MACs", "NPU ops", "CPU ops"],
+                                [[f"{r.sram_used_bytes / 1024:.2f} KiB", f"{r.offchip_used_bytes / 1024:.2f} KiB",
+                                  f"{r.total_cycles:,}", f"{r.inference_time_s * 1e3:.3f} ms", f"{r.mac_count:,}",
+                                  r.npu_ops, r.cpu_ops]]))
+    parts.append("<h2>Where each op runs</h2>")
+    parts.append(_table(["node", "op", "runs on", "why not delegated", "source"],
+                        [[p.node, p.target, p.tag or "CPU", p.reason or "", p.source or ""] for p in placements]))
+    if verification is not None:
+        parts.append("<h2>Outputs against PyTorch</h2>")
+        rows = []
+        for o in verification.outputs:
+            for name, a in (("float", o.vs_float), ("fake-quantized", o.vs_fake_quant)):
+                if a is not None:
+                    rows.append([o.index, "x".join(map(str, o.shape)), name, _fmt(a.max_abs_error), _fmt(a.snr_db),
+                                 f"{a.cosine:.5f}", "-" if a.top1 is None else a.top1])
+        parts.append(_table(["output", "shape", "reference", "max |error|", "SNR dB", "cosine", "top-1 agrees"], rows))
+        if verification.layers:
+            first = verification.first_divergent_layer
+            parts.append("<h2>Per layer</h2><p>" + (
+                f"First layer that differs from the fake-quantized model: <b>{html.escape(first.node)}</b> "
+                f"({html.escape(first.target)})." if first else
+                "Every layer matches the fake-quantized model; what remains is quantization error.") + "</p>")
+            png = snr_plot(verification.layers)
+            if png:
+                parts.append(f'<img alt="SNR per layer" src="data:image/png;base64,{png}">')
+            parts.append(_table(
+                ["delegate", "node", "op", "shape", "steps off (fake-quant)", "rel. error", "SNR dB vs float",
+                 "matches"],
+                [[lay.delegate, lay.node, lay.target, "x".join(map(str, lay.shape)), _fmt(lay.steps_off),
+                  _fmt(lay.rel_error), _fmt(lay.vs_float.snr_db if lay.vs_float else None), lay.matches]
+                 for lay in verification.layers]))
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}")
+    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>" \
+           f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
+    write_atomic(path, page.encode())

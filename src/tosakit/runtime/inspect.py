@@ -1,0 +1,63 @@
+"""``tosakit inspect``: what a .pte holds — methods, I/O, kernels, delegates, memory."""
+
+from __future__ import annotations
+
+from ..backends.ethosu import parse_payload
+from ..errors import TosakitError
+from ..program import tosa_key
+from ..program.schema import DelegateCall, KernelCall
+from .program import LoadedProgram
+
+
+def _kib(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def describe(loaded: LoadedProgram, size: int | None = None) -> str:
+    """A human-readable summary of every part of the program."""
+    prog = loaded.program
+    lines = [f"{loaded.name}: {'' if size is None else _kib(size) + ', '}program version {prog.version}, "
+             f"{len(prog.execution_plan)} method(s), {len(loaded.segments)} segment(s)"]
+    constants = prog.constant_segment
+    const_bytes = len(loaded.segments[constants.segment_index]) if constants and loaded.segments else 0
+    for plan in prog.execution_plan:
+        ins = ", ".join(map(str, loaded.input_specs(plan.name)))
+        outs = ", ".join(map(str, loaded.output_specs(plan.name)))
+        instrs = plan.chains[0].instructions if plan.chains else []
+        kernels = sum(isinstance(i.instr_args, KernelCall) for i in instrs)
+        calls = sum(isinstance(i.instr_args, DelegateCall) for i in instrs)
+        lines += [
+            f"method {plan.name}:",
+            f"  inputs:  {ins}",
+            f"  outputs: {outs}",
+            f"  instructions: {len(instrs)} ({kernels} kernel call(s), {calls} delegate call(s))",
+            f"  operators: {', '.join(f'{o.name}.{o.overload}' for o in plan.operators) or 'none'}",
+            f"  memory: arena(s) {', '.join(_kib(n) for n in plan.non_const_buffer_sizes[1:]) or 'none'}; "
+            f"constants {_kib(const_bytes)} ({max(len(constants.offsets) - 1, 0) if constants else 0} tensor(s))",
+        ]
+        for k, d in enumerate(plan.delegates):
+            payload = loaded.delegate_payload(d)
+            where = "inline" if d.processed.location == 0 else f"segment {d.processed.index}"
+            lines.append(f"  delegate {k}: {d.id}, {_kib(len(payload))} ({where})")
+            for spec in d.compile_specs:
+                lines.append(f"    {spec.key} = {spec.value.decode(errors='replace')}")
+            if d.id == "EthosUBackend":
+                lines += _ethosu_lines(payload)
+            carried = tosa_key(payload) in loaded._tosa
+            lines.append(f"    TOSA for host runs: {'carried (--debug-info)' if carried or d.id == 'TOSABackend' else 'not carried'}")
+    for nd in prog.named_data or []:
+        lines.append(f"named data {nd.key}: {_kib(len(loaded.segments[nd.segment_index]))}")
+    return "\n".join(lines)
+
+
+def _ethosu_lines(payload: bytes) -> list[str]:
+    try:
+        p = parse_payload(payload)
+    except TosakitError as exc:
+        return [f"    Ethos-U payload: unreadable ({exc.message})"]
+    blocks = ", ".join(f"{name} {size}" for name, size in p.blocks)
+    io = [f"{kind} {k}: {'x'.join(map(str, t.shape))} x{t.elem_size}B at region {t.region}+{t.offset}"
+          for kind, ts in (("in", p.inputs), ("out", p.outputs)) for k, t in enumerate(ts)]
+    return [f"    Ethos-U payload blocks: {blocks}",
+            f"    scratch: {_kib(p.scratch_size)}; command stream {_kib(len(p.cmd_data))}; weights {_kib(len(p.weight_data))}",
+            *(f"    {line}" for line in io)]

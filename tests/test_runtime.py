@@ -1,0 +1,249 @@
+"""The host runtime: runs our .pte files and ExecuTorch's, checks inputs, and explains bad files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tosakit.cli import main
+from tosakit.errors import TosakitError
+from tosakit.flow import compile
+from tosakit.lower import RULES
+from tosakit.lower.lowering import int_dtype
+from tosakit.program.pte import deserialize_pte
+from tosakit.quantize.qdq import is_dequantize, is_quantize, qparams_of
+from tosakit.runtime import evaluate_exact, load, run_tosa
+from tosakit.runtime.verify import layer_reports, verify
+from tosakit.specs import EthosUCompileSpec
+
+MLP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10), torch.nn.Softmax(-1)).eval()
+example_inputs = (torch.randn(3, 16),)
+"""
+
+SOFTMAX = """
+import torch
+model = torch.nn.Softmax(dim=-1).eval()
+example_inputs = (torch.randn(4, 10),)
+"""
+
+QUANTIZED_MLP = """
+import torch
+import executorch.kernels.quantized  # the .out variants of quantize/dequantize
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+torch.manual_seed(0)
+float_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).eval()
+example_inputs = (torch.randn(3, 16),)
+gm = torch.export.export(float_model, example_inputs).module()
+gm = prepare_pt2e(gm, XNNPACKQuantizer().set_global(get_symmetric_quantization_config()))
+gm(*example_inputs)
+model = convert_pt2e(gm)
+"""
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("source", [SOFTMAX, MLP, QUANTIZED_MLP], ids=["softmax", "mlp", "quantized_mlp"])
+def test_runs_executorch_programs_like_executorch(source, tmp_path, et_oracle):
+    pte = et_oracle.export(source, tmp_path / "et.pte")
+    program = load(pte)
+    inputs = [torch.randn(*s.shape, generator=torch.Generator().manual_seed(7)) for s in program.input_specs()]
+    ours = program.run(inputs)
+    theirs = et_oracle.run(pte, inputs)
+    assert len(ours) == len(theirs)
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.numpy(), t, atol=1e-6, rtol=0)
+
+
+@pytest.mark.oracle
+def test_runs_our_cpu_programs_like_executorch(tmp_path, et_oracle):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    for quantize in (False, True):
+        compiled = compile(model, inputs, "ethos-u55-128", quantize=quantize, delegate=False)
+        path = tmp_path / f"cpu_{quantize}.pte"
+        compiled.program.save(path)
+        [ours] = load(path).run(inputs)
+        [theirs] = et_oracle.run(path, inputs)
+        np.testing.assert_allclose(ours.numpy(), theirs, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_mv2_on_ethos_u55_runs_bit_for_bit(tmp_path):
+    """`tosakit run` of the delegated MobileNetV2: the delegate's int8 results are those of its TOSA on
+    the reference model, and the outputs are the fake-quantized model's (evaluated exactly)."""
+    from tosakit.zoo.mobilenet_v2 import build
+
+    model, inputs = build()
+    compiled = compile(model, inputs, EthosUCompileSpec("ethos-u55-128").with_debug_info(), quantize=True)
+    path = tmp_path / "mv2_arm_delegate_ethos-u55-128.pte"
+    compiled.program.save(path)
+    [x] = inputs  # the calibration input: end to end, the network amplifies no rounding flip here
+    [out] = load(path).run([x])
+
+    gm = compiled.edge.program.graph_module
+    q_in = qparams_of(next(n for n in gm.graph.nodes if is_quantize(n)))
+    dq_out = next(n for n in gm.graph.nodes if is_dequantize(n))
+    [module] = [m for m in gm.children() if hasattr(m, "tosa")]
+    [int8] = run_tosa(module.tosa, [q_in.quantize(x).numpy()])
+    assert torch.equal(out, qparams_of(dq_out).dequantize(torch.from_numpy(int8)))
+    [fake_quant] = evaluate_exact(compiled.quantized, x)
+    step = qparams_of(dq_out).s
+    assert float((out - fake_quant).abs().max()) <= step * 1.001
+    # on any input, every layer stays within one step of the fake-quantized layer fed the same values
+    other = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    layers = layer_reports(compiled.edge, (other,), None)
+    assert len(layers) > 60 and all(layer.steps_off is not None and layer.steps_off <= 1 for layer in layers)
+
+
+def _cli(capsys, *args) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def small_pte(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    spec = EthosUCompileSpec("ethos-u85-256").with_debug_info()
+    compiled = compile(model.eval(), (torch.randn(1, 3, 10, 10),), spec, quantize=True)
+    path = folder / "small.pte"
+    compiled.program.save(path)
+    return path
+
+
+def test_run_and_inspect_commands(small_pte, tmp_path, capsys):
+    code, out, _ = _cli(capsys, "run", str(small_pte), "--random", "--outputs", str(tmp_path / "o.npz"))
+    assert code == 0 and "output 0: float32[1, 4]" in out
+    assert np.load(tmp_path / "o.npz")["out0"].shape == (1, 4)
+    np.savez(tmp_path / "in.npz", arg0=np.random.randn(1, 3, 10, 10).astype(np.float32))
+    assert _cli(capsys, "run", str(small_pte), "--inputs", str(tmp_path / "in.npz"))[0] == 0
+    code, out, _ = _cli(capsys, "inspect", str(small_pte))
+    assert code == 0
+    for words in ("inputs:  float32[1, 3, 10, 10]", "delegate 0: EthosUBackend", "tosa_spec = TOSA-1.0+INT+int16+int4+cf",
+                  "Ethos-U payload blocks: vela_bin_stream 0, cmd_data", "scratch:", "carried (--debug-info)"):
+        assert words in out, words
+
+
+def _damaged(small_pte, tmp_path):
+    data = small_pte.read_bytes()
+    root = int.from_bytes(data[:4], "little")
+    cases = {
+        "truncated.pte": data[: len(data) // 2],
+        "identifier.pte": data[:4] + b"XX12" + data[8:],
+        "corrupt.pte": data[:root] + bytes(64) + data[root + 64:],
+        "empty.pte": b"",
+    }
+    for name, blob in cases.items():
+        (tmp_path / name).write_bytes(blob)
+    return cases
+
+
+@pytest.mark.parametrize("name, words", [
+    ("truncated.pte", ["truncated"]),
+    ("identifier.pte", ["XX12", "ET12"]),
+    ("corrupt.pte", ["corrupt"]),
+    ("empty.pte", ["empty.pte"]),
+])
+def test_bad_files_are_clear_errors(small_pte, tmp_path, capsys, name, words):
+    _damaged(small_pte, tmp_path)
+    code, _, err = _cli(capsys, "run", str(tmp_path / name), "--random")
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err
+    for w in words:
+        assert w in err, err
+
+
+@pytest.mark.parametrize("arrays, words", [
+    ({"arg0": np.zeros((1, 3, 9, 9), np.float32)}, ["input 0", "float32[1, 3, 10, 10]", "float32[1, 3, 9, 9]"]),
+    ({"arg0": np.zeros((1, 3, 10, 10), np.int32)}, ["input 0", "int32[1, 3, 10, 10]"]),
+    ({}, ["holds 0 array(s)", "takes 1"]),
+    ({"arg0": np.zeros((1, 3, 10, 10), np.float32), "arg1": np.zeros(2, np.float32)}, ["holds 2 array(s)"]),
+])
+def test_bad_inputs_are_clear_errors(small_pte, tmp_path, capsys, arrays, words):
+    np.savez(tmp_path / "in.npz", **arrays)
+    code, _, err = _cli(capsys, "run", str(small_pte), "--inputs", str(tmp_path / "in.npz"))
+    assert code == 2 and err.startswith("error: "), err
+    for w in words:
+        assert w in err, err
+
+
+def test_delegates_without_tosa_say_how_to_get_it(tmp_path):
+    compiled = compile(nn.Linear(4, 4).eval(), (torch.randn(1, 4),), "ethos-u55-128", quantize=True)
+    path = tmp_path / "plain.pte"
+    compiled.program.save(path)
+    with pytest.raises(TosakitError, match="--debug-info"):
+        load(path).run([torch.randn(1, 4)])
+
+
+def test_program_reader_round_trips(small_pte):
+    from tosakit.program.pte import serialize_pte
+
+    data = small_pte.read_bytes()
+    program, segments = deserialize_pte(data)
+    again = serialize_pte(program, segments)
+    assert deserialize_pte(again) == (program, segments)
+
+
+class ThreeConvs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def test_verify_names_a_broken_layer_first(monkeypatch):
+    """Inject a lowering bug into one convolution: the per-layer table points at it."""
+    model, inputs = ThreeConvs().eval(), (torch.randn(1, 3, 12, 12),)
+    rule = RULES[torch.ops.aten.convolution.default]
+    original = rule.lower
+
+    def broken(ctx, node):
+        v = original(ctx, node)
+        if node.name == "convolution_1":  # scale the middle layer's result by 1.25 around its zero point
+            v = ctx.rescale(v, 1.25, int_dtype(v.q), v.q.zp, v.q.zp, q=v.q)
+        return v
+
+    monkeypatch.setitem(RULES, torch.ops.aten.convolution.default, type(rule)(rule.target, broken, rule.support))
+    compiled = compile(model, inputs, "ethos-u55-128", quantize=True)
+    report = verify(compiled.edge, compiled.program, inputs, model, compiled.quantized, layers=True)
+    first = report.first_divergent_layer
+    assert first is not None and first.node == "convolution_1", report.table()
+    assert [layer.node for layer in report.layers if layer.node.startswith("convolution")][0] == "convolution"
+    assert report.outputs[0].vs_fake_quant.max_abs_error > 0
+    assert "first divergent from the fake-quantized model: convolution_1" in report.table()
+
+
+def test_verify_reports_agreement_for_a_correct_program():
+    model, inputs = ThreeConvs().eval(), (torch.randn(1, 3, 12, 12),)
+    compiled = compile(model, inputs, "ethos-u85-256", quantize=True)
+    report = verify(compiled.edge, compiled.program, inputs, model, compiled.quantized, layers=True)
+    assert report.first_divergent_layer is None
+    [out] = report.outputs
+    assert out.vs_fake_quant.max_abs_error == 0 and out.vs_fake_quant.cosine == pytest.approx(1.0)
+    assert 10 < out.vs_float.snr_db < 80
+    assert all(layer.vs_float is not None for layer in report.layers if layer.target.endswith("convolution.default"))
+
+
+@pytest.mark.parametrize("target", ["TOSA-1.0+INT", "TOSA-1.0+FP", "vgf", "ethos-u55-128"])
+def test_every_backend_runs_on_the_host(target, tmp_path):
+    """TOSABackend from its payload; VGF and Ethos-U from the TOSA carried with --debug-info."""
+    from tosakit.runtime import run_edge
+    from tosakit.specs import compile_spec_for_target
+
+    model, inputs = ThreeConvs().eval(), (torch.randn(1, 3, 12, 12),)
+    spec = compile_spec_for_target(target).with_debug_info()
+    compiled = compile(model, inputs, spec, quantize=spec.tosa_spec.support_integer())
+    path = tmp_path / "m.pte"
+    compiled.program.save(path)
+    [got] = load(path).run(list(inputs))
+    [want] = run_edge(compiled.edge, *inputs)
+    assert torch.equal(got, want)
