@@ -145,7 +145,7 @@ CASES = {
     "view_reshape": (ViewReshape, [(2, 4, 8)], ALL),
     "permute": (Permute, [(1, 4, 3, 5)], ALL),
     "softmax": (Softmax, [(2, 10)], ("fp",)),
-    "sigmoid": (Sigmoid, [(1, 4, 8)], ("fp",)),
+    "sigmoid": (Sigmoid, [(1, 4, 8)], ALL),
 }
 
 

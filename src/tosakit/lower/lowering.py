@@ -20,7 +20,8 @@ from ..errors import TosakitError, UnsupportedOpError
 from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
 from ..quantize.qdq import QParams, is_dequantize, is_integer_node, is_quantize
 from ..specs import TosaSpecification
-from .tosa_graph import NHWC, TORCH_TO_TOSA, DType, Op, TosaGraph, Value, identity, quantize_multiplier
+from .tosa_graph import (NHWC, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity, make_attr,
+                         quantize_multiplier)
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
 
@@ -243,6 +244,20 @@ class Lowering:
         attr = make_attr("ClampAttribute", list(lo_b), list(hi_b), NAN_PROPAGATE)
         return self.emit(Op.CLAMP, [v], v.shape, v.dtype, like=v, q=v.q, attr=attr, node=node)
 
+    def table(self, v: Value, fn, q_out: QParams, node: Node | None = None) -> Value:
+        """TABLE: ``fn`` (real -> real, on float64 tensors) as a 256-entry int8 lookup from v's
+        quantization to ``q_out``'s."""
+        q_in = v.q
+        if q_in is None or q_in.dtype != torch.int8 or q_out.dtype != torch.int8:
+            raise TosakitError(f"TABLE lowering needs int8 input and output (node {node.name if node else '?'})",
+                               "use the int8 quantization config for this op")
+        real = (torch.arange(-128, 128, dtype=torch.float64) - q_in.zp) * q_in.s
+        values = fn(real).to(torch.float64)
+        levels = torch.clamp(torch.round(values / q_out.s) + q_out.zp, q_out.qmin, q_out.qmax)
+        table = self.g.const(levels.to(torch.int8).numpy(), DType.INT8)
+        return self.emit(Op.TABLE, [v, table], v.shape, DType.INT8, like=v, q=q_out,
+                         attr=make_attr("TableAttribute"), node=node)
+
     def q_of(self, node: Node) -> QParams | None:
         return node.meta.get("tosakit_q")
 
@@ -320,13 +335,6 @@ def _order_is_trivial(v: Value) -> bool:
     return big == sorted(big)
 
 
-def make_attr(kind: str, *args):
-    """A TOSA attribute object: ``make_attr('Conv2dAttribute', pad, stride, ...)``."""
-    a = ts.TosaSerializerAttribute()
-    getattr(a, kind)(*args)
-    return a
-
-
 @dataclass
 class LoweredGraph:
     """A partition lowered to TOSA: the flatbuffer and what its I/O stands for.
@@ -337,8 +345,15 @@ class LoweredGraph:
     tosa: bytes
     inputs: list[Value]
     outputs: list[Value]
-    op_count: dict[str, int]
+    ops: list[EmittedOp]
     probes: list[tuple[str, Value]] = field(default_factory=list)
+
+    @property
+    def op_count(self) -> dict[str, int]:
+        count: dict[str, int] = {}
+        for o in self.ops:
+            count[o.op] = count.get(o.op, 0) + 1
+        return count
 
 
 def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) -> LoweredGraph:
@@ -365,13 +380,13 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     used = {i.name for i in inputs}
     outputs = [_mark_output(ctx, ctx.arg(a), used) for a in out_node.args[0]]
-    op_count = dict(ctx.g.op_count)
+    ops = list(ctx.g.ops)
     probed = []
     if probes:
         for node, v in list(ctx.values.items()):
             if node.op == "call_function" and isinstance(v, Value) and node.target is not operator.getitem:
                 probed.append((node.name, _mark_output(ctx, v, used)))
-    return LoweredGraph(ctx.g.serialize(), inputs, outputs, op_count, probed)
+    return LoweredGraph(ctx.g.serialize(), inputs, outputs, ops, probed)
 
 
 def _mark_output(ctx: Lowering, v: Value, used: set[str]) -> Value:

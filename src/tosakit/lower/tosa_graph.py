@@ -95,18 +95,59 @@ def quantize_multiplier(scale: float, scale32: bool = True) -> tuple[int, int]:
     return int(multiplier), int(shift)
 
 
+@dataclass(frozen=True)
+class Attr:
+    """A TOSA attribute as data: the serializer method's name and its arguments."""
+
+    kind: str
+    args: tuple = ()
+
+    def build(self):
+        attr = ts.TosaSerializerAttribute()
+        getattr(attr, self.kind)(*self.args)
+        return attr
+
+
+def make_attr(kind: str, *args) -> Attr:
+    """``make_attr('Conv2dAttribute', pad, stride, dilation, local_bound, acc_type)``."""
+    return Attr(kind, tuple(args))
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor an op reads or writes: name, shape, dtype, and the data when it is constant."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: object
+    data: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class EmittedOp:
+    """One TOSA operator as emitted: what target-support checks read."""
+
+    op: str
+    inputs: tuple[TensorInfo, ...]
+    output: TensorInfo
+    attr: Attr
+    location: str | None = None
+
+
 class TosaGraph:
-    """Builds one TOSA 1.0 basic block with ``tosa_serializer``."""
+    """Builds one TOSA 1.0 basic block with ``tosa_serializer``, and keeps a record of its ops."""
 
     def __init__(self):
         self.ser = ts.TosaSerializer("", targetMajor=1, targetMinor=0, targetPatch=0, targetDraft=False)
         self._consts: dict[tuple, str] = {}
         self._tensors: dict[str, object] = {}
-        self.op_count: dict[str, int] = {}
+        self.info: dict[str, TensorInfo] = {}
+        self.ops: list[EmittedOp] = []
 
     def input(self, shape, dtype) -> str:
         t = self.ser.addPlaceholder(list(shape), dtype)
         self._tensors[t.name] = t
+        self.info[t.name] = TensorInfo(t.name, tuple(shape), dtype)
         return t.name
 
     def const(self, array, dtype) -> str:
@@ -118,6 +159,7 @@ class TosaGraph:
             if key in self._consts:
                 return self._consts[key]
         name = self.ser.addConst(list(array.shape), dtype, array).name
+        self.info[name] = TensorInfo(name, tuple(array.shape), dtype, array)
         if key is not None:
             self._consts[key] = name
         return name
@@ -128,18 +170,23 @@ class TosaGraph:
     def zero_point(self, value: int, dtype) -> str:
         return self.const(np.array([value]), dtype)
 
-    def op(self, op, inputs, shape, dtype, attr=None, location: str | None = None) -> str:
+    def op(self, op, inputs, shape, dtype, attr: Attr | None = None, location: str | None = None) -> str:
         """Add ``op`` with a fresh output tensor; returns the output name."""
         out = self.ser.addIntermediate(list(shape), dtype)
         self._tensors[out.name] = out
-        if attr is None:
-            attr = ts.TosaSerializerAttribute()
-            getattr(attr, _attr_name(op))()
+        attr = attr or Attr(_attr_name(op))
         loc = ts.TosaOpLocation(location) if location else None
-        self.ser.addOperator(op, list(inputs), [out.name], attr, loc)
-        key = op.name
-        self.op_count[key] = self.op_count.get(key, 0) + 1
+        self.ser.addOperator(op, list(inputs), [out.name], attr.build(), loc)
+        self.info[out.name] = TensorInfo(out.name, tuple(shape), dtype)
+        self.ops.append(EmittedOp(op.name, tuple(self.info[i] for i in inputs), self.info[out.name], attr, location))
         return out.name
+
+    @property
+    def op_count(self) -> dict[str, int]:
+        count: dict[str, int] = {}
+        for o in self.ops:
+            count[o.op] = count.get(o.op, 0) + 1
+        return count
 
     def output(self, name: str) -> None:
         """Mark a tensor as a graph output (in call order)."""

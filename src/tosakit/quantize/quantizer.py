@@ -170,6 +170,15 @@ def _unary(node: Node, config: QuantizationConfig) -> None:
     _mark(node, _act_inputs(config, node.args[0]), config.output_activation)
 
 
+# ------------------------------------------------------------------ rules: elementwise and activations
+
+
+# ------------------------------------------------------------------ rules: data movement and reductions
+
+
+# ------------------------------------------------------------------ rules: layers (conv, matmul, pools, norms, attention, recurrent)
+
+
 # ------------------------------------------------------------------ quantizers
 
 

@@ -99,14 +99,19 @@ def clamp(ctx: Lowering, node: Node) -> Value:
     return _clamp_rule(ctx, node, None if lo is None else float(lo), None if hi is None else float(hi))
 
 
-def _unary_fp(op):
+def unary(op, fn):
+    """A rule for an elementwise function: the TOSA op in float, a TABLE in int8."""
+
     def rule(ctx: Lowering, node: Node) -> Value:
         x = ctx.arg(node.args[0])
+        q_out = ctx.q_of(node)
+        if q_out is not None:
+            return ctx.table(x, fn, q_out, node=node)
         return ctx.emit(op, [x], x.shape, x.dtype, like=x, node=node)
 
     return rule
 
 
-lowers(aten.sigmoid.default, int=False)(_unary_fp(Op.SIGMOID))
-lowers(aten.tanh.default, int=False)(_unary_fp(Op.TANH))
-lowers(aten.exp.default, int=False, u55=False)(_unary_fp(Op.EXP))
+lowers(aten.sigmoid.default)(unary(Op.SIGMOID, torch.sigmoid))
+lowers(aten.tanh.default)(unary(Op.TANH, torch.tanh))
+lowers(aten.exp.default)(unary(Op.EXP, torch.exp))
