@@ -6,11 +6,15 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
+from torch.fx import GraphModule
+
 from ..errors import TosakitError
-from ..lower import LoweredGraph
+from ..lower import LoweredGraph, lower_partition
+from ..partition.partitioner import extract_subgraph
 from ..specs import ArmCompileSpec
 
 
@@ -21,6 +25,15 @@ class PreprocessResult:
     processed_bytes: bytes
     report: object | None = None
     artifacts: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class PreparedDelegate:
+    """A partition lowered and compiled: the graph it replaces, its TOSA, and the backend's result."""
+
+    original: GraphModule
+    lowered: LoweredGraph
+    result: PreprocessResult
 
 
 Preprocess = Callable[[LoweredGraph, ArmCompileSpec], PreprocessResult]
@@ -45,6 +58,14 @@ def preprocess(backend_id: str, lowered: LoweredGraph, spec: ArmCompileSpec) -> 
     except KeyError:
         raise TosakitError(f"unknown backend {backend_id!r}", f"known backends: {', '.join(sorted(BACKENDS))}") from None
     return fn(lowered, spec)
+
+
+def prepare_delegate(gm: GraphModule, tag: str, spec: ArmCompileSpec) -> PreparedDelegate:
+    """Lower the nodes tagged ``tag`` to TOSA and compile them for ``spec``'s backend."""
+    sub = extract_subgraph(gm, tag)
+    original = copy.deepcopy(sub.graph_module)
+    lowered = lower_partition(sub.graph_module, spec.tosa_spec)
+    return PreparedDelegate(original, lowered, preprocess(spec.backend_id, lowered, spec))
 
 
 def _load_all() -> None:

@@ -131,6 +131,7 @@ class Lowering:
         self.spec = spec
         self.g = TosaGraph()
         self.values: dict[Node, Value] = {}
+        self.current: Node | None = None  # the node being lowered
 
     # ---------------------------------------------------------------- values
 
@@ -168,10 +169,32 @@ class Lowering:
     def emit(self, op, inputs: list, shape, dtype, like: Value | None = None, order=None,
              q: QParams | None = None, attr=None, node: Node | None = None) -> Value:
         """Add a TOSA op and wrap its output as a Value."""
+        if op in WINDOW_PADS and attr is not None and min(attr.args[WINDOW_PADS[op]]) < 0:
+            inputs, attr = self._crop_for_negative_padding(op, inputs, attr)
         names = [i.name if isinstance(i, Value) else i for i in inputs]
+        node = node if node is not None else self.current  # every op records the PyTorch node it lowers
         name = self.g.op(op, names, shape, dtype, attr, location=node.name if node is not None else None)
         order = order if order is not None else (like.order if like is not None else identity(len(shape)))
         return Value(name, tuple(shape), dtype, tuple(order), q)
+
+    def _crop_for_negative_padding(self, op, inputs: list, attr):
+        """TOSA has no negative padding: the rows and columns torch's window never reaches (which
+        ``tosa_pads`` marks with a negative far pad) are sliced off the NHWC input instead."""
+        x = inputs[0]
+        index = WINDOW_PADS[op]
+        top, bottom, left, right = attr.args[index]
+        size = list(x.shape)
+        size[1] -= max(-bottom, 0)
+        size[2] -= max(-right, 0)
+        cropped = self.slice(x, [0] * x.rank, size)
+        args = list(attr.args)
+        args[index] = [top, max(bottom, 0), left, max(right, 0)]
+        return [cropped, *inputs[1:]], make_attr(attr.kind, *args)
+
+    def slice(self, v: Value, start, size) -> Value:
+        """SLICE in TOSA dims."""
+        return self.emit(Op.SLICE, [v, self.g.shape_const(start), self.g.shape_const(size)], size, v.dtype,
+                         like=v, q=v.q, attr=make_attr("SliceAttribute"))
 
     # ---------------------------------------------------------------- layout
 
@@ -300,9 +323,14 @@ def quantized_bounds(q: QParams, lo: float | None, hi: float | None) -> tuple[in
     return qlo, qhi
 
 
+# TOSA ops with a sliding window, and where their [top, bottom, left, right] padding sits in the attribute.
+WINDOW_PADS = {Op.CONV2D: 0, Op.DEPTHWISE_CONV2D: 0, Op.AVG_POOL2D: 2, Op.MAX_POOL2D: 2}
+
+
 def tosa_pads(sizes, kernel, stride, pad, dilation=(1, 1)) -> list[int]:
     """[top, bottom, left, right] for TOSA, whose output size must divide exactly: the far
-    padding is trimmed where torch would drop the last rows."""
+    padding shrinks by the rows torch's window never reaches; when it goes negative, ``emit``
+    slices those rows off the input."""
     out = []
     for size, k, s, p, d in zip(sizes, kernel, stride, pad, dilation):
         span = size - 1 + 2 * p - (k - 1) * d
@@ -376,7 +404,9 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) 
             if reason is not None:
                 raise UnsupportedOpError(f"cannot lower {describe(node)} for {spec}: {reason}",
                                          "leave it to the CPU (partitioner) or file an issue with the model")
+            ctx.current = node
             ctx.values[node] = ctx.requantize(RULES[node.target].lower(ctx, node), node)
+    ctx.current = None
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     used = {i.name for i in inputs}
     outputs = [_mark_output(ctx, ctx.arg(a), used) for a in out_node.args[0]]

@@ -196,6 +196,14 @@ class TosaGraph:
         return bytes(self.ser.serialize())
 
 
+def isolate(op: EmittedOp) -> bytes:
+    """A TOSA graph of this one operator: its constants kept, its other inputs as graph inputs."""
+    g = TosaGraph()
+    names = [g.const(t.data, t.dtype) if t.data is not None else g.input(t.shape, t.dtype) for t in op.inputs]
+    g.output(g.op(getattr(Op, op.op), names, op.output.shape, op.output.dtype, op.attr))
+    return g.serialize()
+
+
 def _attr_name(op) -> str:
     """Op.REDUCE_MAX -> 'ReduceMaxAttribute' (for attributes without arguments)."""
     return "".join(w.capitalize() for w in op.name.split("_")) + "Attribute"

@@ -11,7 +11,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..quantize.qdq import is_dequantize, is_quantize
+from ..quantize.qdq import fused_activation_of, is_dequantize, is_quantize
 from ..specs import CompileSpec
 from .support import refusal
 
@@ -49,6 +49,8 @@ class PartitionResult:
     graph_module: GraphModule
     partition_tags: dict[str, DelegationSpec]
     placements: list[NodePlacement] = field(default_factory=list)
+    # work a backend already did while validating a partition (lowering, compiling), reused later
+    prepared: dict[str, object] = field(default_factory=dict)
 
     def cpu_nodes(self) -> list[NodePlacement]:
         return [p for p in self.placements if p.placement == "cpu"]
@@ -102,6 +104,8 @@ class Partitioner:
 
     def partition_graph(self, gm: GraphModule) -> PartitionResult:
         """Tag ``gm`` in place; return the tags and a placement for every op."""
+        for node in gm.graph.nodes:
+            node.meta.pop(TAG_KEY, None)
         reasons: dict[Node, str] = {}
         supported = set()
         for node in gm.graph.nodes:
@@ -149,7 +153,10 @@ class Partitioner:
                 elif self.integer_io_only and any(_is_float(a) and a.op == "placeholder" or
                                                   (_is_float(a) and a.op == "call_function" and a not in group)
                                                   for a in n.all_input_nodes):
-                    why = "its float input would enter an integer-only delegate"
+                    producer = n.all_input_nodes[0]
+                    why = (f"runs fused with {producer.name}, which stays on the CPU"
+                           if fused_activation_of(producer) is n else
+                           "its float input would enter an integer-only delegate")
                 if why:
                     group.discard(n)
                     reasons[n] = why

@@ -7,7 +7,6 @@ The entry points keep ExecuTorch's names: ``to_edge_transform_and_lower``,
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import operator
 import time
@@ -20,10 +19,10 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule
 from torch.fx.passes.tools_common import legalize_graph
 
-from ..backends import preprocess
+from ..backends import PreparedDelegate, prepare_delegate
 from ..capture import PRESERVED_OPS, CapturedProgram, capture
 from ..errors import TosakitError, write_atomic
-from ..lower import lower_partition, prepare_program
+from ..lower import prepare_program
 from ..partition import NodePlacement
 from ..partition.partitioner import TAG_KEY, extract_subgraph
 from ..specs import CompileSpec
@@ -214,7 +213,7 @@ def _apply_partitioner(edge: EdgeProgramManager, partitioner) -> None:
         if p.node not in placed or placed[p.node].placement == "cpu":
             placed[p.node] = p
     for tag, dspec in result.partition_tags.items():
-        info = _fuse(gm, tag, partitioner.compile_spec, len(edge.delegates))
+        info = _fuse(gm, tag, partitioner.compile_spec, len(edge.delegates), result.prepared.get(tag))
         for p in placed.values():
             if p.tag == tag:
                 p.tag = info.name
@@ -227,13 +226,12 @@ def _apply_partitioner(edge: EdgeProgramManager, partitioner) -> None:
     gm.recompile()
 
 
-def _fuse(gm: GraphModule, tag: str, spec, index: int) -> DelegateInfo:
-    """Lower the nodes tagged ``tag`` and replace them with one delegate call."""
+def _fuse(gm: GraphModule, tag: str, spec, index: int, prepared: PreparedDelegate | None = None) -> DelegateInfo:
+    """Replace the nodes tagged ``tag`` with one call of their (lowered, compiled) delegate."""
     start = time.perf_counter()
     sub = extract_subgraph(gm, tag)
-    original = copy.deepcopy(sub.graph_module)
-    lowered = lower_partition(sub.graph_module, spec.tosa_spec)
-    result = preprocess(spec.backend_id, lowered, spec)
+    prepared = prepared or prepare_delegate(gm, tag, spec)
+    original, lowered, result = prepared.original, prepared.lowered, prepared.result
     name = f"lowered_module_{index}"
     named = {tosa_key(result.processed_bytes): lowered.tosa} if spec.embed_tosa else {}
     module = LoweredBackendModule(spec.backend_id, result.processed_bytes, spec.to_list(), original, lowered.tosa,

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import io
 
 import numpy as np
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ...errors import TosakitError
-from ...lower import LoweredGraph, TOSAPartitioner
-from ...lower.tosa_graph import is_float
+from ...lower import LoweredGraph, TOSAPartitioner, lower_partition
+from ...lower.tosa_graph import is_float, isolate
+from ...partition import PartitionResult
+from ...partition.partitioner import extract_subgraph
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
-from .. import PreprocessResult, backend
+from .. import PreprocessResult, backend, prepare_delegate
 from .payload import EthosUPayload, pack_payload, parse_payload
-from .vela import VelaReport, VelaResult, compile_tosa
+from .support import limits_for
+from .vela import VelaRefusal, VelaReport, VelaResult, compile_tosa
 
 __all__ = ["EthosUPartitioner", "EthosUPayload", "VelaReport", "VelaResult", "compile_tosa", "pack_payload",
            "parse_payload"]
@@ -56,7 +60,72 @@ def preprocess(lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
 
 
 class EthosUPartitioner(TOSAPartitioner):
-    """Partitions subgraphs the Ethos-U NPU runs (integers only)."""
+    """Partitions subgraphs the Ethos-U NPU runs (integers only, within Vela's limits).
+
+    Each proposed partition is lowered and every TOSA operator checked against Vela's limits
+    (``support.py``), then compiled by Vela; a node behind a refused operator stays on the CPU with
+    the limit as its reason, and the rest is partitioned again. Never fails inside Vela.
+    """
+
+    MAX_ROUNDS = 8
 
     def __init__(self, compile_spec: EthosUCompileSpec, additional_checks: list[OperatorSupportBase] | None = None):
         super().__init__(require_spec(compile_spec, EthosUCompileSpec, "EthosUPartitioner"), additional_checks)
+        self.limits = limits_for(compile_spec.target)
+        self._refused: dict[str, str] = {}
+
+    def target_reason(self, node) -> str | None:
+        return self._refused.get(node.name)
+
+    def partition(self, program) -> PartitionResult:
+        self._refused = {}
+        for _ in range(self.MAX_ROUNDS):
+            result = super().partition(program)
+            refused = self._validate(result)
+            if not refused:
+                return result
+            self._refused.update(refused)
+        raise TosakitError(f"partitioning for {self.compile_spec.target} did not settle after {self.MAX_ROUNDS} rounds",
+                           "report this model to tosakit")
+
+    def _validate(self, result: PartitionResult) -> dict[str, str]:
+        """Lower and compile each partition; the nodes Vela's limits (or Vela) refuse, with reasons."""
+        refused: dict[str, str] = {}
+        for tag in result.partition_tags:
+            sub = extract_subgraph(result.graph_module, tag)
+            lowered = lower_partition(copy.deepcopy(sub.graph_module), self.compile_spec.tosa_spec)
+            for op in lowered.ops:
+                why = self.limits.refusal(op)
+                if why and op.location and op.location not in refused and not self._vela_accepts(op):
+                    refused[op.location] = why
+            if refused:
+                continue
+            try:
+                result.prepared[tag] = prepare_delegate(result.graph_module, tag, self.compile_spec)
+            except VelaRefusal as exc:
+                blamed = self._blame(lowered.ops, exc)
+                if not blamed:
+                    raise
+                refused.update(blamed)
+        return refused
+
+    def _vela_accepts(self, op) -> bool:
+        """Vela's word on one operator the limits table refuses (Vela sometimes legalizes beyond its report)."""
+        try:
+            compile_tosa(isolate(op), self.compile_spec)
+        except TosakitError:
+            return False
+        return True
+
+    def _blame(self, ops, exc: VelaRefusal) -> dict[str, str]:
+        """Which of the operators Vela named it refuses: each compiled alone, the refused ones by node."""
+        blamed = {}
+        for op in ops:
+            if op.op not in exc.tosa_ops or not op.location or op.location in blamed:
+                continue
+            try:
+                compile_tosa(isolate(op), self.compile_spec)
+            except VelaRefusal as alone:
+                reasons = [ln.strip(" -") for ln in alone.detail.splitlines() if ln.strip().startswith("-")]
+                blamed[op.location] = f"Vela refused TOSA {op.op}: {reasons[-1] if reasons else alone.message}"
+        return blamed

@@ -352,25 +352,37 @@ def _tosa_candidates(regor_op: str, tosa: bytes) -> list[str]:
     return [op for op in present if key in op.lower().replace("_", "")]
 
 
-def _refused_ops_text(message: str, tosa: bytes) -> str:
+class VelaRefusal(TosakitError):
+    """Vela refused a graph; ``tosa_ops`` are the TOSA operator types it named (may be empty)."""
+
+    def __init__(self, message: str, hint: str, tosa_ops: list[str], detail: str):
+        super().__init__(message, hint)
+        self.tosa_ops = tosa_ops
+        self.detail = detail
+
+
+def _refused_ops(message: str, tosa: bytes) -> tuple[list[str], str]:
+    """The TOSA operator types Vela's message names, and a text naming them."""
     regor_ops = re.findall(r"operation \((\w+)\)", message) + re.findall(r"^(\w+):$", message, re.M)
-    named = []
+    ops, named = [], []
     for regor_op in dict.fromkeys(regor_ops):
         candidates = _tosa_candidates(regor_op, tosa)
+        ops += candidates
         named.append(" or ".join(candidates) + f" (Vela: {regor_op})" if candidates else regor_op)
-    return ", ".join(named)
+    return ops, ", ".join(named)
 
 
-def _compile_error(message: str, tosa: bytes, opts: VelaOptions, printed: str) -> TosakitError:
+def _compile_error(message: str, tosa: bytes, opts: VelaOptions, printed: str) -> VelaRefusal:
     details = "\n".join(part.strip() for part in (message, printed) if part.strip())
-    refused = _refused_ops_text(message, tosa)
+    ops, refused = _refused_ops(message, tosa)
     if not refused:
-        return TosakitError(f"Vela failed to compile the TOSA graph for {opts.accelerator}:\n{details}",
-                            "check that the graph is valid TOSA 1.0 (run it with tosa_reference_model)")
-    return TosakitError(
+        return VelaRefusal(f"Vela failed to compile the TOSA graph for {opts.accelerator}:\n{details}",
+                           "check that the graph is valid TOSA 1.0 (run it with tosa_reference_model)", ops, details)
+    return VelaRefusal(
         f"Vela cannot compile TOSA operator {refused} for {opts.accelerator}:\n{details}",
         "keep this operator (or its data type) out of the Ethos-U partition so it runs on the CPU, "
         "or choose a target that supports it (Ethos-U85 runs more TOSA than U55/U65)",
+        ops, details,
     )
 
 
