@@ -6,7 +6,7 @@ ORACLE := .venv-oracle
 PIP_QUIET := --quiet --disable-pip-version-check
 STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= -n 2
 
 .PHONY: demo test setup oracle bench clean
 

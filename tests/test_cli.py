@@ -43,6 +43,9 @@ def test_add_delegate_names_and_report(tmp_path, monkeypatch, capsys, et_oracle)
     assert report["delegates"][0]["vela"]["npu_ops"] >= 1
     assert (tmp_path / "inter" / "lowered_module_0.tosa").read_bytes()[4:8] == b"TOSA"
     assert (tmp_path / "inter" / "lowered_module_0.vela.npz").is_file()
+    assert 0 < report["delegates"][0]["vela"]["mac_utilisation"] <= 1 or report["delegates"][0]["vela"]["mac_count"] == 0
+    html = (tmp_path / "inter" / "report.html").read_text()
+    assert "MAC utilisation" in html and "Where each op runs" in html
 
 
 def test_add_vgf_and_add3(tmp_path, monkeypatch, capsys, et_oracle):

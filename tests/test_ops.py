@@ -195,13 +195,38 @@ def test_float_softmax_stays_on_cpu_with_reason(harness, target):
     assert compiled.program.emitted.kernel_ops == ["aten::_softmax.out"]
 
 
-def test_quantized_softmax_between_delegates_runs_on_cpu(harness):
-    """A quantized model whose softmax has no INT lowering: the rest is delegated, softmax runs on
-    the CPU between dequantize and quantize, and the report says so."""
+def test_quantized_softmax_runs_on_the_npu(harness):
+    """A quantized softmax is decomposed before quantization (amax, sub, exp, sum, reciprocal, mul, each
+    with its own qparams), so the whole model is one Ethos-U55 delegate with TABLE ops for exp/reciprocal."""
     model = nn.Sequential(nn.Linear(16, 8), nn.Softmax(dim=-1), nn.Linear(8, 4)).eval()
     compiled = harness.compile(model, _seed_inputs((1, 16)), "ethos-u55-128", quantize=True)
-    left = harness.cpu_compute(compiled)
-    assert [p.target for p in left] == ["aten._softmax.default"]
-    assert "no integer (INT) lowering" in left[0].reason
-    assert len(compiled.edge.delegates) == 2
+    harness.assert_delegated(compiled)
+    [delegate] = compiled.edge.delegates
+    assert delegate.tosa_ops.get("TABLE", 0) >= 2 and "REDUCE_SUM" in delegate.tosa_ops
     harness.assert_checks(compiled, _seed_inputs((1, 16)))
+
+
+class Cumsum(nn.Module):
+    """A float op no target lowers (cumulative sum), between quantized layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(16, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.second(torch.cumsum(self.first(x), dim=-1))
+
+
+def test_op_without_lowering_runs_on_cpu_between_delegates(harness, tmp_path, et_oracle):
+    """The rest is delegated, the op runs on the CPU between dequantize and quantize, the report says
+    why, and the mixed program loads in the ExecuTorch runtime."""
+    inputs = _seed_inputs((1, 16))
+    compiled = harness.compile(Cumsum().eval(), inputs, "ethos-u55-128", quantize=True)
+    [left] = harness.cpu_compute(compiled)
+    assert left.target == "aten.cumsum.default" and left.reason == "no TOSA lowering for aten.cumsum.default"
+    assert len(compiled.edge.delegates) == 2
+    assert "aten::cumsum.out" in compiled.program.emitted.kernel_ops
+    harness.assert_checks(compiled, inputs)
+    path = tmp_path / "mixed.pte"
+    compiled.program.save(path)
+    assert et_oracle.load(path) == ["forward"]

@@ -183,8 +183,11 @@ def _vela_dict(report) -> dict | None:
     if report is None:
         return None
     fields = ("sram_used_bytes", "offchip_used_bytes", "npu_cycles", "total_cycles", "mac_count", "npu_ops",
-              "cpu_ops", "inference_time_s", "clock_hz", "system_config", "memory_mode")
-    return {f: getattr(report, f, None) for f in fields}
+              "cpu_ops", "inference_time_s", "clock_hz", "system_config", "memory_mode", "macs_per_cycle",
+              "mac_utilisation", "ideal_cycles")
+    out = {f: getattr(report, f, None) for f in fields}
+    out["per_op"] = [vars(o) for o in report.per_op]
+    return out
 
 
 def summary(output: Path, edge, program, seconds: float) -> str:
@@ -205,6 +208,7 @@ def summary(output: Path, edge, program, seconds: float) -> str:
             lines.append(f"  Vela: SRAM used {r.sram_used_bytes / 1024:.2f} KiB, off-chip used "
                          f"{r.offchip_used_bytes / 1024:.2f} KiB, {r.total_cycles:,} cycles estimated "
                          f"({r.inference_time_s * 1e3:.3f} ms at {r.clock_hz / 1e6:.0f} MHz), "
+                         f"MAC utilisation {100 * r.mac_utilisation:.1f}%, "
                          f"{r.npu_ops} NPU op(s), {r.cpu_ops} CPU op(s)")
     for p in on_cpu:
         where = f" [{p.source}]" if p.source else ""

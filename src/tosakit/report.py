@@ -44,6 +44,32 @@ def snr_plot(layers) -> str | None:
     return png
 
 
+def cycles_plot(per_op) -> str | None:
+    """Vela's estimated cycles per operator (bars) and MAC utilisation (line), in graph order."""
+    ops = [o for o in per_op if o.cycles > 0]
+    if not ops:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, len(ops) * 0.12), 3.2))
+    xs = range(len(ops))
+    ax.bar(xs, [o.cycles for o in ops], color="#2a6fdb", label="cycles")
+    ax.set_xlabel("operator (graph order)")
+    ax.set_ylabel("cycles")
+    util = ax.twinx()
+    util.plot(xs, [100 * o.mac_utilisation for o in ops], color="#e07b00", marker=".", linewidth=1,
+              label="MAC utilisation (%)")
+    util.set_ylabel("MAC utilisation (%)")
+    util.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    png = _png(fig)
+    plt.close(fig)
+    return png
+
+
 def _table(headers, rows) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -88,10 +114,18 @@ def write_html(path: Path, title: str, edge, program=None, verification=None) ->
         parts.append(_table(["TOSA op", "count"], sorted(d.tosa_ops.items(), key=lambda kv: -kv[1])))
         if d.report is not None:
             r = d.report
-            parts.append(_table(["SRAM used", "off-chip used", "cycles", "inference time", "MACs", "NPU ops", "CPU ops"],
+            parts.append(_table(["SRAM used", "off-chip used", "cycles", "inference time", "MACs", "MAC utilisation",
+                                 "NPU ops", "CPU ops"],
                                 [[f"{r.sram_used_bytes / 1024:.2f} KiB", f"{r.offchip_used_bytes / 1024:.2f} KiB",
                                   f"{r.total_cycles:,}", f"{r.inference_time_s * 1e3:.3f} ms", f"{r.mac_count:,}",
-                                  r.npu_ops, r.cpu_ops]]))
+                                  f"{100 * r.mac_utilisation:.1f}%", r.npu_ops, r.cpu_ops]]))
+            png = cycles_plot(r.per_op)
+            if png:
+                parts.append(f'<img alt="cycles per operator" src="data:image/png;base64,{png}">')
+            parts.append("<details><summary>Per operator</summary>" + _table(
+                ["name", "operator", "TOSA op", "cycles", "MACs", "MAC utilisation"],
+                [[o.name, o.operator, o.tosa_op or "", f"{o.cycles:,}", f"{o.macs:,}",
+                  f"{100 * o.mac_utilisation:.1f}%"] for o in r.per_op]) + "</details>")
     parts.append("<h2>Where each op runs</h2>")
     parts.append(_table(["node", "op", "runs on", "why not delegated", "source"],
                         [[p.node, p.target, p.tag or "CPU", p.reason or "", p.source or ""] for p in placements]))

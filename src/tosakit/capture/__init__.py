@@ -27,8 +27,15 @@ PRESERVED_OPS = (
     aten.hardtanh.default,
     aten.hardswish.default,
     aten.hardsigmoid.default,
+    aten.silu.default,
     aten.upsample_nearest2d.vec,
     aten.upsample_bilinear2d.vec,
+    aten.reflection_pad1d.default,  # else gathers with computed indices; whole, they are slices and concats
+    aten.reflection_pad2d.default,
+    aten.reflection_pad3d.default,
+    aten.replication_pad1d.default,
+    aten.replication_pad2d.default,
+    aten.replication_pad3d.default,
 )
 
 

@@ -18,7 +18,7 @@ from torch.fx import GraphModule, Node
 
 from ..errors import TosakitError, UnsupportedOpError
 from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
-from ..quantize.qdq import QParams, is_dequantize, is_integer_node, is_quantize
+from ..quantize.qdq import INDEX_RESULT_OPS, QParams, is_dequantize, is_integer_node, is_quantize
 from ..specs import TosaSpecification
 from .tosa_graph import (NHWC, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity, make_attr,
                          quantize_multiplier)
@@ -86,6 +86,46 @@ def computes_in_float(node: Node) -> bool:
     return any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in vals)
 
 
+def computes_on_bool(node: Node) -> bool:
+    """True when every tensor ``node`` reads and writes is bool (logic: in every TOSA profile)."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    return bool(tensors) and all(v.dtype == torch.bool for v in tensors)
+
+
+def _profile_reason(node: Node, spec: TosaSpecification, s: OpSupport) -> str | None:
+    """Why ``spec``'s profiles (INT, FP) cannot run ``node`` as it computes (None when they can)."""
+    native_int = not computes_in_float(node)
+    integer = native_int or folds_to_integer(node)
+    if is_integer_node(node) and not integer and not spec.support_float():
+        return f"{node.target} has no integer (INT) lowering yet"
+    if integer and not spec.support_integer():
+        return f"{node.target} computes on integers but {spec} has no integer profile"
+    if native_int and not s.int:
+        return f"{node.target} has no integer (INT) lowering yet"
+    if not integer:
+        if not spec.support_float():
+            return f"{node.target} computes in float and {spec} runs integers only: quantize the model"
+        if not s.fp:
+            return f"{node.target} has no float (FP) lowering"
+    return None
+
+
+def _int64_reason(node: Node) -> str | None:
+    """TOSA has no int64: only arg-max indices (int32 inside the delegate, widened after it) pass."""
+    def int64(n) -> bool:
+        val = n.meta.get("val")
+        return isinstance(val, torch.Tensor) and val.dtype == torch.int64
+
+    src = next((a for a in node.all_input_nodes
+                if int64(a) and a.target not in INDEX_RESULT_OPS and a.op != "get_attr"), None)  # constants narrow
+    if src is not None:
+        return f"{node.target} reads int64 tensor {src.name}, and TOSA has no int64 (use int32)"
+    if int64(node) and node.target not in INDEX_RESULT_OPS and not any(map(int64, node.all_input_nodes)):
+        return f"{node.target} produces int64, and TOSA has no int64"
+    return None
+
+
 def support_reason(node: Node, spec: TosaSpecification) -> str | None:
     """Why ``node`` cannot be lowered for ``spec`` (None when it can)."""
     if node.op != "call_function":
@@ -105,19 +145,9 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
     if rule is None:
         return f"no TOSA lowering for {node.target}"
     s = rule.support
-    native_int = not computes_in_float(node)
-    integer = native_int or folds_to_integer(node)
-    if is_integer_node(node) and not integer and not spec.support_float():
-        return f"{node.target} has no integer (INT) lowering yet"
-    if integer and not spec.support_integer():
-        return f"{node.target} computes on integers but {spec} has no integer profile"
-    if native_int and not s.int:
-        return f"{node.target} has no integer (INT) lowering yet"
-    if not integer:
-        if not spec.support_float():
-            return f"{node.target} computes in float and {spec} runs integers only: quantize the model"
-        if not s.fp:
-            return f"{node.target} has no float (FP) lowering"
+    why = _int64_reason(node) or (None if computes_on_bool(node) else _profile_reason(node, spec, s))
+    if why:
+        return why
     if spec.is_u55_subset and not s.u55:
         return f"{node.target} is outside the Ethos-U55/U65 TOSA subset"
     return s.check(node, spec) if s.check else None
@@ -155,6 +185,8 @@ class Lowering:
         raise TosakitError(f"internal: {a} has no TOSA value yet")
 
     def const_value(self, t: torch.Tensor, q: QParams | None = None) -> Value:
+        if t.dtype == torch.int64:  # TOSA has no int64: index constants are held as int32
+            t = narrow_int64(t)
         dtype = tosa_dtype(t.dtype)
         arr = t.contiguous().numpy()
         if arr.ndim == 0:
@@ -353,6 +385,15 @@ def tosa_dtype(dtype: torch.dtype):
         raise TosakitError(f"dtype {dtype} has no TOSA equivalent", "use float32, int8, int16 or int32 tensors") from None
 
 
+def narrow_int64(t: torch.Tensor) -> torch.Tensor:
+    """An int64 tensor as int32 (TOSA has no int64); its values must fit."""
+    info = torch.iinfo(torch.int32)
+    if t.numel() and (int(t.min()) < info.min or int(t.max()) > info.max):
+        raise TosakitError("an int64 constant has values outside int32, and TOSA has no int64",
+                           "keep index and integer constants within int32")
+    return t.to(torch.int32)
+
+
 def is_float_dtype(dtype) -> bool:
     return dtype in (DType.FP32, DType.FP16, DType.BF16)
 
@@ -420,9 +461,10 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) 
 
 
 def _mark_output(ctx: Lowering, v: Value, used: set[str]) -> Value:
-    """Make ``v`` (in torch layout) a graph output; a tensor already used as I/O gets an IDENTITY copy."""
+    """Make ``v`` (in torch layout) a graph output; a constant, or a tensor already used as I/O, gets an
+    IDENTITY copy."""
     v = ctx.torch_order(v)
-    if v.name in used:
+    if v.name in used or ctx.g.info[v.name].data is not None:
         v = ctx.emit(Op.IDENTITY, [v], v.shape, v.dtype, like=v, q=v.q)
     used.add(v.name)
     ctx.g.output(v.name)

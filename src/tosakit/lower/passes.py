@@ -7,10 +7,12 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
-from ..quantize.qdq import INTEGER_KEY, fused_activation_of, is_dequantize, is_quantize, qparams_of
+from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
 from .lowering import folds_to_integer
 
 aten = torch.ops.aten
+_Q = torch.ops.quantized_decomposed.quantize_per_tensor.default
+_DQ = torch.ops.quantized_decomposed.dequantize_per_tensor.default
 
 # Identity in value and in memory layout (copies that change contiguity stay: PyTorch needs them).
 NOOPS = {
@@ -39,12 +41,23 @@ def _finish(gm: GraphModule) -> GraphModule:
     return gm
 
 
+def _is_identity_expand(node: Node) -> bool:
+    """An expand whose output has its input's shape (torch.matmul leaves these before bmm)."""
+    if node.target != aten.expand.default or not isinstance(node.args[0], Node):
+        return False
+    src, out = node.args[0].meta.get("val"), node.meta.get("val")
+    return src is not None and out is not None and tuple(src.shape) == tuple(out.shape)
+
+
 def remove_noops(gm: GraphModule) -> GraphModule:
-    """Drop eval-mode dropout, detaches and shape assertions."""
+    """Drop eval-mode dropout, detaches, expands to the same shape and shape assertions."""
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
         if node.target in ASSERTS:
+            gm.graph.erase_node(node)
+        elif _is_identity_expand(node):
+            node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
         elif node.target in NOOPS and isinstance(node.args[0], Node):
             if node.target == aten.dropout.default and len(node.args) > 2 and node.args[2]:
@@ -75,6 +88,88 @@ def duplicate_dequantize(gm: GraphModule) -> GraphModule:
             with gm.graph.inserting_before(user):
                 copy = gm.graph.node_copy(node)
             user.replace_input_with(node, copy)
+    return _finish(gm)
+
+
+def _moves_data(node) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and node.target in PASSTHROUGH \
+        and node.target is not operator.getitem
+
+
+def _chain_dequantize(node: Node) -> Node | None:
+    """The per-tensor dequantize at the start of a chain of data movement ending at ``node``."""
+    while _moves_data(node):
+        node = node.args[0]
+    return node if isinstance(node, Node) and node.target == _DQ else None
+
+
+def _chain_quantize(node: Node) -> Node | None:
+    """The per-tensor quantize at the end of a chain of single-use data movement starting at ``node``."""
+    while _moves_data(node) and len(node.users) == 1:
+        node = next(iter(node.users))
+    return node if node.target == _Q else None
+
+
+def _insert_requantize(gm: GraphModule, after: Node, like: Node, users: list[Node]) -> None:
+    """quantize + dequantize with ``like``'s parameters after ``after``, feeding ``users``."""
+    with gm.graph.inserting_after(after):
+        q = gm.graph.call_function(_Q, (after, *like.args[1:]), dict(like.kwargs))
+    with gm.graph.inserting_after(q):
+        dq = gm.graph.call_function(_DQ, (q, *like.args[1:]), dict(like.kwargs))
+    q.meta = {**after.meta, "val": torch.empty(tuple(after.meta["val"].shape), dtype=like.args[5])}
+    dq.meta = dict(after.meta)
+    for user in users:
+        user.replace_input_with(after, dq)
+
+
+def requantize_around_data_movement(gm: GraphModule) -> GraphModule:
+    """Quantize data movement between an integer op and its quantized input or output (same
+    parameters, so no value changes): view(dequantize(x)) -> matmul gets its own dequantize."""
+    for node in list(gm.graph.nodes):
+        if not _moves_data(node):
+            continue
+        computing = [u for u in node.users if u.target != _Q and not _moves_data(u)]
+        dq = _chain_dequantize(node)
+        if dq is not None and computing:
+            _insert_requantize(gm, node, dq, computing)
+        src = node.args[0]
+        q = _chain_quantize(node)
+        if q is not None and isinstance(src, Node) and src.op == "call_function" and not _moves_data(src) \
+                and src.target != _DQ:
+            _insert_requantize(gm, src, q, [node])
+    return _finish(gm)
+
+
+def _finite_scores(node) -> bool:
+    """Attention scores that cannot hold -inf: matmul results, scaled or reshaped (no mask added)."""
+    finite = {aten.bmm.default, aten.mm.default, aten.view.default, aten._unsafe_view.default, aten.mul.Scalar,
+              aten.mul.Tensor, aten.div.Scalar}
+    while isinstance(node, Node) and node.target in finite - {aten.bmm.default, aten.mm.default}:
+        node = node.args[0]
+    return isinstance(node, Node) and node.target in finite
+
+
+def _safe_softmax_of(where: Node) -> Node | None:
+    """The softmax in where(all(scores == -inf), 0, softmax(scores)), the guard sdpa's decomposition adds."""
+    if where.target != aten.where.self or len(where.args) != 3:
+        return None
+    cond, _, soft = where.args
+    chain = [aten.logical_not.default, aten.any.dim, aten.logical_not.default, aten.eq.Scalar]
+    for target in chain:
+        if not isinstance(cond, Node) or cond.target != target:
+            return None
+        scores, cond = cond.args[0], cond.args[0]
+    ok = soft.target == aten._softmax.default and soft.args[0] is scores and _finite_scores(scores)
+    return soft if ok else None
+
+
+def remove_safe_softmax_guard(gm: GraphModule) -> GraphModule:
+    """Drop sdpa's guard for rows of -inf scores where the scores come from a matmul with no mask."""
+    for node in list(gm.graph.nodes):
+        soft = _safe_softmax_of(node) if node.op == "call_function" else None
+        if soft is not None:
+            node.replace_all_uses_with(soft)
+            gm.graph.erase_node(node)
     return _finish(gm)
 
 
@@ -172,7 +267,8 @@ def fold_quantize_dequantize(gm: GraphModule) -> GraphModule:
 
 
 # What runs before partitioning (whole program) and inside each partition before lowering.
-PROGRAM_PIPELINE = [remove_noops, remove_requantize_noops, fold_batch_norm, duplicate_dequantize]
+PROGRAM_PIPELINE = [remove_noops, remove_requantize_noops, remove_safe_softmax_guard, fold_batch_norm,
+                    requantize_around_data_movement, duplicate_dequantize]
 PARTITION_PIPELINE = [fuse_integer_activations, fold_quantize_dequantize]
 
 

@@ -23,6 +23,7 @@ from ..backends import PreparedDelegate, prepare_delegate
 from ..capture import PRESERVED_OPS, CapturedProgram, capture
 from ..errors import TosakitError, write_atomic
 from ..lower import prepare_program
+from ..lower.tosa_graph import DType
 from ..partition import NodePlacement
 from ..partition.partitioner import TAG_KEY, extract_subgraph
 from ..specs import CompileSpec
@@ -242,14 +243,20 @@ def _fuse(gm: GraphModule, tag: str, spec, index: int, prepared: PreparedDelegat
         get = gm.graph.get_attr(name)
     with gm.graph.inserting_after(get):
         call = gm.graph.call_function(executorch_call_delegate, (get, *sub.inputs))
-    call.meta["val"] = tuple(o.meta["val"] for o in sub.outputs)
+    call.meta["val"] = tuple(o.meta["val"].to(torch.int32) if v.dtype == DType.INT32 else o.meta["val"]
+                             for o, v in zip(sub.outputs, lowered.outputs))
     anchor = call
-    for i, out in enumerate(sub.outputs):
+    for i, (out, value) in enumerate(zip(sub.outputs, lowered.outputs)):
         with gm.graph.inserting_after(anchor):
             item = gm.graph.call_function(operator.getitem, (call, i))
         item.meta["val"] = out.meta["val"]
-        out.replace_all_uses_with(item, delete_user_cb=lambda user: user.meta.get(TAG_KEY) != tag)
         anchor = item
+        if out.meta["val"].dtype == torch.int64 and value.dtype == DType.INT32:  # indices: widen on the CPU
+            item.meta["val"] = out.meta["val"].to(torch.int32)
+            with gm.graph.inserting_after(item):
+                anchor = gm.graph.call_function(torch.ops.aten._to_copy.default, (item,), {"dtype": torch.int64})
+            anchor.meta["val"] = out.meta["val"]
+        out.replace_all_uses_with(anchor, delete_user_cb=lambda user: user.meta.get(TAG_KEY) != tag)
     for n in reversed(members):
         gm.graph.erase_node(n)
     for c in sub.constants:

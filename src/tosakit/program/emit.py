@@ -68,6 +68,10 @@ def executorch_call_delegate(lowered_module, *args):
     return lowered_module(*args)
 
 
+# Arguments an .out kernel drops because the ``out`` tensor already says them (e.g. _to_copy, full).
+IMPLIED_BY_OUT = {"dtype", "layout", "device", "pin_memory"}
+
+
 def runtime_kernels() -> frozenset[str]:
     """'aten::add.out', ...: the kernels the ExecuTorch runtime can resolve."""
     text = (Path(__file__).parent / "kernels.txt").read_text()
@@ -92,11 +96,13 @@ def out_schema(target) -> torch._C.FunctionSchema:
     for fn in (target, _copy_variant(target)):
         if fn is None:
             continue
-        names = [a.name for a in fn._schema.arguments]
+        names = [(a.name, str(a.type)) for a in fn._schema.arguments]  # types tell le.Tensor from le.Scalar
+        implied = [n for n in names if n[0] not in IMPLIED_BY_OUT]
         packet = fn.overloadpacket
         for overload in packet.overloads():
             cand = getattr(packet, overload)._schema
-            if (any(a.is_out for a in cand.arguments) and [a.name for a in cand.arguments if not a.is_out] == names
+            args = [(a.name, str(a.type)) for a in cand.arguments if not a.is_out]
+            if (any(a.is_out for a in cand.arguments) and args in (names, implied)
                     and f"{cand.name}.{cand.overload_name}" in kernels):
                 return cand
     raise UnsupportedOpError(f"{target} has no kernel in the ExecuTorch CPU runtime",

@@ -102,7 +102,12 @@ PASSTHROUGH = {
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default, aten.alias.default,
     aten.contiguous.default, aten.permute.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
     aten.unsqueeze.default, aten.flatten.using_ints, aten.t.default, operator.getitem,
+    aten.slice.Tensor, aten.select.int, aten.cat.default, aten.expand.default,
+    aten.repeat.default, aten.flip.default, aten.constant_pad_nd.default, aten.index_select.default,
+    aten.gather.default,
 }
+# Ops whose result is an index, not a quantized number: they run on the integers of dequantized inputs.
+INDEX_RESULT_OPS = {aten.argmax.default}
 
 
 def _float_tensor_inputs(node: Node) -> list[Node]:
@@ -130,7 +135,10 @@ def _source_ok(a: Node) -> bool:
     """``a`` holds integers: a dequantize, or data movement of one used only in integer code."""
     if is_dequantize(a):
         return True
-    return _is_passthrough(a) and _sink_ok(a) and isinstance(a.args[0], Node) and _source_ok(a.args[0])
+    if not (_is_passthrough(a) and _sink_ok(a)):
+        return False
+    data = a.args[0] if isinstance(a.args[0], (list, tuple)) else [a.args[0]]  # cat reads a list
+    return all(isinstance(d, Node) and _source_ok(d) for d in data)
 
 
 def fused_activation_of(node: Node) -> Node | None:
@@ -143,8 +151,20 @@ def fused_activation_of(node: Node) -> Node | None:
     return None
 
 
+def _bool_output(node: Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool
+
+
+def _reads_only_bool(node: Node) -> bool:
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    return bool(tensors) and all(v.dtype == torch.bool for v in tensors)
+
+
 def is_integer_node(node: Node) -> bool:
-    """True when ``node`` computes on integers: float inputs all dequantized, outputs all quantized."""
+    """True when ``node`` computes on integers: float inputs all dequantized, outputs all quantized
+    (or bool, as comparisons give; a bool input counts as an integer one)."""
     if node.op != "call_function" or is_quantize(node) or is_dequantize(node):
         return False
     if node.meta.get(INTEGER_KEY):  # already folded by the lowering passes
@@ -153,8 +173,11 @@ def is_integer_node(node: Node) -> bool:
         return isinstance(node.args[0], Node) and is_integer_node(node.args[0])
     inputs = _float_tensor_inputs(node)
     if inputs and all(_source_ok(a) for a in inputs):
-        if _sink_ok(node) or fused_activation_of(node) is not None:
+        if _sink_ok(node) or fused_activation_of(node) is not None or _bool_output(node) \
+                or node.target in INDEX_RESULT_OPS:
             return True
+    if not inputs and _reads_only_bool(node) and _sink_ok(node):  # a mask made a quantized number
+        return True
     # an activation fused into the integer op before it
     if node.target in FUSABLE_ACTIVATIONS and len(inputs) == 1:
         producer = inputs[0]

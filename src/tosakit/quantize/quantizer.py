@@ -7,10 +7,13 @@ module type, then the global config (``None`` leaves the node in float).
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Callable, Iterable
 
 import torch
 from torch.fx import GraphModule, Node
+from torch.fx.node import map_arg
 from torchao.quantization.pt2e.quantizer import (
     QuantizationAnnotation,
     Quantizer,
@@ -51,7 +54,12 @@ SHARED_QPARAM_OPS = {
     aten.clone.default,
     aten.dropout.default,
     aten.max_pool2d.default,
+    aten.max_pool1d.default,
     aten.adaptive_avg_pool2d.default,
+    aten.adaptive_avg_pool1d.default,
+    aten.adaptive_max_pool2d.default,
+    aten.adaptive_max_pool1d.default,
+    aten.avg_pool1d.default,
     aten.avg_pool2d.default,
     aten.mean.dim,
     aten.mean.default,
@@ -172,11 +180,490 @@ def _unary(node: Node, config: QuantizationConfig) -> None:
 
 # ------------------------------------------------------------------ rules: elementwise and activations
 
+COMPARISONS = [getattr(op, overload) for op in (aten.eq, aten.ne, aten.gt, aten.ge, aten.lt, aten.le)
+               for overload in ("Tensor", "Scalar")]
+
+
+@annotates(
+    aten.log.default, aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default, aten.erf.default,
+    aten.pow.Tensor_Scalar, aten.abs.default, aten.neg.default, aten.leaky_relu.default, aten.leaky_relu_.default,
+    aten.elu.default, aten.elu_.default, aten.selu.default, aten.silu_.default, aten.hardswish_.default,
+    aten.hardsigmoid_.default, aten.maximum.default, aten.minimum.default, aten.where.self, *COMPARISONS,
+)
+def _elementwise(node: Node, config: QuantizationConfig) -> None:
+    """Each float tensor argument quantized on its own; a float result gets its own quantization
+    (comparisons give bool, which has none)."""
+    inputs = _act_inputs(config, *node.args)
+    if inputs:
+        _mark(node, inputs, config.output_activation if _is_float_tensor(node) else None)
+
+
+CREATIONS = {  # ops that make a constant tensor -> its fill value
+    aten.full.default: lambda n: n.args[1],
+    aten.full_like.default: lambda n: n.args[1],
+    aten.scalar_tensor.default: lambda n: n.args[0],
+    aten.zeros.default: lambda n: 0.0,
+    aten.zeros_like.default: lambda n: 0.0,
+    aten.ones.default: lambda n: 1.0,
+    aten.ones_like.default: lambda n: 1.0,
+}
+# ops with a number operand -> (where.self arguments from the node's, index of the number)
+SELECTS_WITH_NUMBER = {
+    aten.where.ScalarOther: (lambda a: (a[0], a[1], a[2]), 2),
+    aten.where.ScalarSelf: (lambda a: (a[0], a[1], a[2]), 1),
+    aten.masked_fill.Scalar: (lambda a: (a[1], a[2], a[0]), 1),
+}
+
+
+class _Constants:
+    """Adds constant tensors to a graph module as buffers read by get_attr nodes."""
+
+    def __init__(self, model: GraphModule):
+        self.model = model
+        self.count = 0
+
+    def add(self, before: Node, value: torch.Tensor) -> Node:
+        name = f"_tosakit_const_{self.count}"
+        self.count += 1
+        self.model.register_buffer(name, value)
+        with self.model.graph.inserting_before(before):
+            node = self.model.graph.get_attr(name)
+        node.meta["val"] = value
+        return node
+
+
+def _fold_creation(node: Node, consts: _Constants) -> None:
+    """full/zeros/ones (and *_like) with a float result: a constant, so it is quantized like a weight."""
+    val = node.meta["val"]
+    node.replace_all_uses_with(consts.add(node, torch.full(tuple(val.shape), CREATIONS[node.target](node),
+                                                           dtype=val.dtype)))
+    node.graph.erase_node(node)
+
+
+def _select_with_tensors(node: Node, consts: _Constants) -> None:
+    """where(c, x, 0.0), masked_fill(x, m, 1.0): where.self with a constant tensor for the number."""
+    order, index = SELECTS_WITH_NUMBER[node.target]
+    args = list(order(node.args))
+    args[index] = consts.add(node, torch.tensor(float(args[index]), dtype=node.meta["val"].dtype))
+    node.target, node.args = aten.where.self, tuple(args)
+
+
+def _div_as_mul(node: Node, _consts: _Constants) -> None:
+    """a / b = a * (1 / b): RECIPROCAL (a TABLE when quantized) then MUL, each with its own quantization."""
+    a, b = node.args[:2]
+    if isinstance(b, Node):
+        with node.graph.inserting_before(node):
+            b = node.graph.call_function(aten.reciprocal.default, (b,))
+        b.meta = {**node.meta, "val": node.args[1].meta["val"]}
+    elif b == 0:
+        return  # left as it is: the lowering refuses it
+    else:
+        b = 1.0 / float(b)
+    node.target, node.args = aten.mul.Tensor, (a, b)
+
+
+def _rsub_as_sub(node: Node, consts: _Constants) -> None:
+    """c - x (rsub) as sub with a constant tensor, so the constant is quantized."""
+    x, c = node.args[:2]
+    if node.kwargs.get("alpha", 1) == 1:
+        c = consts.add(node, torch.tensor(float(c), dtype=x.meta["val"].dtype))
+        node.target, node.args = aten.sub.Tensor, (c, x)
+
+
+ELEMENTWISE_REWRITES = {
+    **{t: _fold_creation for t in CREATIONS},
+    **{t: _select_with_tensors for t in SELECTS_WITH_NUMBER},
+    aten.div.Tensor: _div_as_mul,
+    aten.div.Scalar: _div_as_mul,
+    aten.rsub.Scalar: _rsub_as_sub,
+}
+
+
+def _elementwise_for_annotation(model: GraphModule) -> GraphModule:
+    """Rewrite so the elementwise ops the quantizer meets have tensor operands (constants included)."""
+    consts = _Constants(model)
+    for node in list(model.graph.nodes):
+        rewrite = ELEMENTWISE_REWRITES.get(node.target) if node.op == "call_function" else None
+        if rewrite is not None and _is_float_tensor(node):
+            rewrite(node, consts)
+    model.graph.lint()
+    model.recompile()
+    return model
+
 
 # ------------------------------------------------------------------ rules: data movement and reductions
 
+# Ops that move or select elements (and max/min, which pick one): the output keeps the input's qparams.
+MOVEMENT_OPS = {
+    aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.expand.default, aten.expand_as.default,
+    aten.repeat.default, aten.tile.default, aten.flip.default, aten.unflatten.int, aten.index_select.default,
+    aten.gather.default, aten.pad.default, aten.constant_pad_nd.default, aten.amax.default, aten.amin.default,
+    aten.max.default, aten.min.default, aten.movedim.int, aten.swapaxes.default,
+}
+SHARED_QPARAM_OPS.update(MOVEMENT_OPS)
+annotates(*MOVEMENT_OPS)(_shared)
+
+# Ops with several outputs (read through getitem), each a part of the input.
+SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int,
+             aten.tensor_split.sections, aten.tensor_split.indices}
+
+
+@annotates(*SPLIT_OPS)
+def _split(node: Node, config: QuantizationConfig) -> None:
+    """Every part shares the input's quantization."""
+    x = node.args[0]
+    if not _is_float_tensor(x):
+        return
+    _mark(node, {x: config.input_activation})
+    for item in node.users:
+        if item.target is operator.getitem:
+            _mark(item, {}, SharedQuantizationSpec((x, node)))
+
+
+@annotates(aten.cat.default, aten.concat.default, aten.concatenate.default, aten.stack.default)
+def _cat(node: Node, config: QuantizationConfig) -> None:
+    """One quantization for all inputs and the output, so CONCAT copies integers unchanged."""
+    inputs = [n for n in node.args[0] if _is_float_tensor(n)]
+    if not inputs:
+        return
+    shared = SharedQuantizationSpec((inputs[0], node))
+    _mark(node, {n: config.input_activation if n is inputs[0] else shared for n in inputs}, shared)
+
+
+@annotates(aten.sum.dim_IntList, aten.sum.default)
+def _sum(node: Node, config: QuantizationConfig) -> None:
+    """A sum spans a wider range than its input: its own output quantization."""
+    if _is_float_tensor(node):
+        _unary(node, config)
+
+
+@annotates(aten.argmax.default)
+def _argmax(node: Node, config: QuantizationConfig) -> None:
+    """Quantized input, integer index output (no output quantization)."""
+    _mark(node, _act_inputs(config, node.args[0]))
+
+
+VAR_OPS = {aten.var.correction, aten.var.dim, aten.var.default}
+
+
+def _var_args(node: Node) -> tuple[list[int], float, bool]:
+    """(dims, correction, keepdim) of any var overload."""
+    rank = node.args[0].meta["val"].dim()
+    args = list(node.args[1:]) + [None] * 3
+    if node.target == aten.var.default:
+        return list(range(rank)), float(args[0] if args[0] is not None else True), False
+    dims = args[0] if args[0] is not None else list(range(rank))
+    dims = [dims] if isinstance(dims, int) else list(dims) or list(range(rank))
+    if node.target == aten.var.dim:
+        unbiased = args[1] if args[1] is not None else True
+        return dims, float(unbiased), bool(args[2])
+    correction = node.kwargs.get("correction")
+    return dims, float(1 if correction is None else correction), bool(node.kwargs.get("keepdim", False))
+
+
+def _decompose_var(model: GraphModule) -> GraphModule:
+    """var = mean(((x - mean(x)) * sqrt(N / (N - correction)))^2), each step quantized: the correction
+    scales the deviations, so no quantization step is magnified after the last mean (which shares the
+    squares' quantization: a mean over H and W lowers to AVG_POOL2D, which rounds to its input's)."""
+    graph = model.graph
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in VAR_OPS]:
+        x = node.args[0]
+        if not _is_float_tensor(x):
+            continue
+        dims, correction, keepdim = _var_args(node)
+        count = math.prod(int(x.meta["val"].shape[d]) for d in dims)
+        if count <= correction:  # torch gives inf or nan: leave it whole (and unquantized)
+            continue
+
+        def add(target, *args):
+            with graph.inserting_before(node):
+                new = graph.call_function(target, args)
+            new.meta = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
+            new.meta["val"] = target(*map_arg(args, lambda a: a.meta["val"]))
+            return new
+
+        dev = add(aten.sub.Tensor, x, add(aten.mean.dim, x, dims, True))
+        if correction:
+            name = f"_tosakit_var_factor_{node.name}"
+            model.register_buffer(name, torch.tensor(math.sqrt(count / (count - correction))))
+            with graph.inserting_before(node):
+                factor = graph.get_attr(name)
+            factor.meta["val"] = getattr(model, name)
+            dev = add(aten.mul.Tensor, dev, factor)
+        var = add(aten.mean.dim, add(aten.mul.Tensor, dev, dev), dims, keepdim)
+        node.replace_all_uses_with(var)
+        graph.erase_node(node)
+    model.recompile()
+    return model
+
 
 # ------------------------------------------------------------------ rules: layers (conv, matmul, pools, norms, attention, recurrent)
+
+annotates(aten.matmul.default, aten.bmm.default, aten.mm.default)(_binary)  # both operands are activations
+annotates(aten.upsample_nearest2d.vec, aten.upsample_bilinear2d.vec)(_shared)  # RESIZE keeps the scale
+annotates(aten.embedding.default)(_shared)  # GATHER copies int8 rows of the (activation-quantized) table
+
+
+@annotates(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool(node: Node, config: QuantizationConfig) -> None:
+    """The values (getitem 0) share the input's quantization; the indices stay integers."""
+    x = node.args[0]
+    if not _is_float_tensor(x):
+        return
+    _mark(node, {x: config.input_activation})
+    for item in node.users:
+        if item.target is operator.getitem and item.args[1] == 0:
+            _mark(item, {}, SharedQuantizationSpec((x, node)))
+
+
+class _Builder:
+    """Adds ATen calls before ``node`` (with fake values and the node's module metadata), and constants."""
+
+    def __init__(self, model: GraphModule, node: Node):
+        self.model, self.node = model, node
+        self.meta = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
+        self.own_qparams: list[Node] = []  # nodes whose output needs its own quantization
+
+    def own(self, node: Node) -> Node:
+        """Mark ``node`` (say a mean, which normally shares its input's qparams) to get its own."""
+        self.own_qparams.append(node)
+        return node
+
+    def __call__(self, target, *args) -> Node:
+        with self.model.graph.inserting_before(self.node):
+            new = self.model.graph.call_function(target, args)
+        new.meta = dict(self.meta)
+        new.meta["val"] = target(*map_arg(args, lambda a: a.meta["val"]))
+        return new
+
+    def constant(self, suffix: str, value: torch.Tensor) -> Node:
+        name = f"_tosakit_{self.node.name}_{suffix}"
+        self.model.register_buffer(name, value.detach().clone())
+        with self.model.graph.inserting_before(self.node):
+            const = self.model.graph.get_attr(name)
+        const.meta["val"] = getattr(self.model, name)
+        return const
+
+
+def _softmax_parts(f: _Builder, x: Node, dim: int) -> tuple[Node, Node, Node]:
+    """x - max, exp(x - max) and its sum along ``dim``."""
+    shifted = f(aten.sub.Tensor, x, f(aten.amax.default, x, [dim], True))
+    e = f(aten.exp.default, shifted)
+    return shifted, e, f(aten.sum.dim_IntList, e, [dim], True)
+
+
+def _softmax(f: _Builder, x: Node, dim: int) -> Node:
+    """exp(x - max) * reciprocal(sum): TABLE ops for exp and reciprocal, REDUCE_SUM between."""
+    _, e, total = _softmax_parts(f, x, dim)
+    return f(aten.mul.Tensor, e, f(aten.reciprocal.default, total))
+
+
+def _log_softmax(f: _Builder, x: Node, dim: int) -> Node:
+    """(x - max) - log(sum(exp(x - max)))."""
+    shifted, _, total = _softmax_parts(f, x, dim)
+    return f(aten.sub.Tensor, shifted, f(aten.log.default, total))
+
+
+def _normalize(f: _Builder, x: Node, dims: list[int], eps: float) -> Node:
+    """(x - mean) * rsqrt(var + eps) over ``dims``, every step its own op."""
+    dev = f(aten.sub.Tensor, x, f.own(f(aten.mean.dim, x, dims, True)))
+    var = f.own(f(aten.mean.dim, f(aten.mul.Tensor, dev, dev), dims, True))
+    return f(aten.mul.Tensor, dev, f(aten.rsqrt.default, f(aten.add.Tensor, var, float(eps))))
+
+
+def _affine(f: _Builder, y: Node, weight, bias, shape) -> Node:
+    """y * weight + bias with the parameters viewed as ``shape``."""
+    if isinstance(weight, Node):
+        y = f(aten.mul.Tensor, y, f.constant("weight", _param(f.model, weight).reshape(shape)))
+    if isinstance(bias, Node):
+        y = f(aten.add.Tensor, y, f.constant("bias", _param(f.model, bias).reshape(shape)))
+    return y
+
+
+def _param(model: GraphModule, node: Node) -> torch.Tensor:
+    value = model
+    for part in node.target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _decompose_softmax(f: _Builder, node: Node) -> Node | None:
+    if len(node.args) > 2 and node.args[2] not in (None, False):
+        return None  # softmax with a dtype conversion stays whole
+    fn = _log_softmax if node.target == aten.log_softmax.int else _softmax
+    return fn(f, node.args[0], node.args[1])
+
+
+def _decompose_layer_norm(f: _Builder, node: Node) -> Node | None:
+    x, shape = node.args[0], list(node.args[1])
+    args = list(node.args) + [None] * 3
+    rank = x.meta["val"].dim()
+    y = _normalize(f, x, list(range(rank - len(shape), rank)), args[4] if args[4] is not None else 1e-5)
+    return _affine(f, y, args[2], args[3], shape)
+
+
+def _decompose_group_norm(f: _Builder, node: Node) -> Node | None:
+    x, groups = node.args[0], node.args[1]
+    args = list(node.args) + [None] * 4
+    shape = list(x.meta["val"].shape)
+    grouped = f(aten.view.default, x, [shape[0], groups, -1])
+    y = f(aten.view.default, _normalize(f, grouped, [2], args[4] if args[4] is not None else 1e-5), shape)
+    return _affine(f, y, args[2], args[3], [shape[1]] + [1] * (len(shape) - 2))
+
+
+def _decompose_batch_norm(f: _Builder, node: Node) -> Node | None:
+    """Inference batch norm (not folded into a conv) as x * scale + shift per channel."""
+    x, weight, bias, mean, var, training = node.args[:6]
+    if training or not all(isinstance(a, Node) for a in (mean, var)):
+        return None
+    eps = node.args[7]
+    scale = torch.rsqrt(_param(f.model, var).double() + eps)
+    if isinstance(weight, Node):
+        scale = scale * _param(f.model, weight).double()
+    shift = -_param(f.model, mean).double() * scale
+    if isinstance(bias, Node):
+        shift = shift + _param(f.model, bias).double()
+    shape = [-1] + [1] * (x.meta["val"].dim() - 2)
+    y = f(aten.mul.Tensor, x, f.constant("scale", scale.float().reshape(shape)))
+    return f(aten.add.Tensor, y, f.constant("shift", shift.float().reshape(shape)))
+
+
+def _decompose_sdpa(f: _Builder, node: Node) -> Node | None:
+    """softmax(q @ k^T * scale) @ v without mask, dropout or causal masking."""
+    q, k, v = node.args[:3]
+    opts = {**dict(zip(("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), node.args[3:])), **node.kwargs}
+    if opts.get("attn_mask") is not None or opts.get("dropout_p") or opts.get("is_causal") or opts.get("enable_gqa"):
+        return None
+    scale = opts.get("scale")
+    scale = scale if scale is not None else q.meta["val"].shape[-1] ** -0.5
+    scores = f(aten.mul.Tensor, f(aten.matmul.default, q, f(aten.transpose.int, k, -2, -1)), float(scale))
+    return f(aten.matmul.default, _softmax(f, scores, -1), v)
+
+
+def _initial_state(f: _Builder, state: Node, layer: int) -> Node | None:
+    """Layer ``layer``'s initial state, or None when it is zeros (its terms then drop out)."""
+    if state.target in (aten.zeros.default, aten.zeros_like.default):
+        return None
+    return f(aten.select.int, state, 0, layer)
+
+
+class _Gates:
+    """One recurrent layer's weights, split per gate: W_ih x + b for all steps, W_hh h per step."""
+
+    def __init__(self, f: _Builder, params: list[Node], layer: int, count: int, biases: bool):
+        per = 4 if biases else 2
+        w_ih, w_hh = (_param(f.model, p) for p in params[per * layer: per * layer + 2])
+        b_ih, b_hh = ((_param(f.model, p) for p in params[per * layer + 2: per * layer + 4]) if biases
+                      else (torch.zeros(w_ih.shape[0]), torch.zeros(w_ih.shape[0])))
+        self.f, self.size = f, w_hh.shape[1]
+        rows = [slice(k * self.size, (k + 1) * self.size) for k in range(count)]
+        name = f"l{layer}"
+        self.w_ih = [f.constant(f"{name}_w_ih{k}", w_ih[r]) for k, r in enumerate(rows)]
+        self.w_hh = [f.constant(f"{name}_w_hh{k}", w_hh[r]) for k, r in enumerate(rows)]
+        self.b_ih = [b_ih[r] for r in rows]
+        self.b_hh = [b_hh[r] for r in rows]
+        self.name = name
+
+    def inputs(self, seq: Node, k: int, with_hidden_bias: bool) -> Node:
+        """W_ih x + b_ih (+ b_hh) of gate ``k`` for every time step at once."""
+        bias = self.b_ih[k] + self.b_hh[k] if with_hidden_bias else self.b_ih[k]
+        return self.f(aten.linear.default, seq, self.w_ih[k], self.f.constant(f"{self.name}_b{k}", bias))
+
+    def hidden(self, h: Node, k: int, bias: bool = False) -> Node:
+        """W_hh h (+ b_hh) of gate ``k`` at one step."""
+        b = self.f.constant(f"{self.name}_b_hh{k}", self.b_hh[k]) if bias else None
+        return self.f(aten.linear.default, h, self.w_hh[k], b)
+
+
+def _lstm_step(f: _Builder, xs: list[Node], g: _Gates, h: Node | None, c: Node | None) -> tuple[Node, Node]:
+    """i, f, g, o gates; c' = f * c + i * g; h' = o * tanh(c')."""
+    pre = [x if h is None else f(aten.add.Tensor, x, g.hidden(h, k)) for k, x in enumerate(xs)]
+    i, fg, o = (f(aten.sigmoid.default, pre[k]) for k in (0, 1, 3))
+    cand = f(aten.tanh.default, pre[2])
+    c = f(aten.mul.Tensor, i, cand) if c is None else f(aten.add.Tensor, f(aten.mul.Tensor, fg, c),
+                                                         f(aten.mul.Tensor, i, cand))
+    return f(aten.mul.Tensor, o, f(aten.tanh.default, c)), c
+
+
+def _gru_step(f: _Builder, xs: list[Node], g: _Gates, h: Node | None) -> Node:
+    """r, z gates; n = tanh(x_n + r * (W_hn h + b_hn)); h' = n + z * (h - n)."""
+    r, z = (f(aten.sigmoid.default, xs[k] if h is None else f(aten.add.Tensor, xs[k], g.hidden(h, k)))
+            for k in (0, 1))
+    hn = g.hidden(h, 2, bias=True) if h is not None else f.constant(f"{g.name}_b_hn", g.b_hh[2])
+    n = f(aten.tanh.default, f(aten.add.Tensor, xs[2], f(aten.mul.Tensor, r, hn)))
+    if h is None:
+        return f(aten.sub.Tensor, n, f(aten.mul.Tensor, z, n))
+    return f(aten.add.Tensor, n, f(aten.mul.Tensor, z, f(aten.sub.Tensor, h, n)))
+
+
+def _decompose_rnn(f: _Builder, node: Node) -> tuple[Node, ...] | None:
+    """nn.LSTM / nn.GRU (unidirectional, inference) unrolled over time: per-gate linears, sigmoid/tanh,
+    products and sums, every one its own op with its own quantization."""
+    x, hx, params, biases, layers, _, train, bidirectional, batch_first = node.args
+    if train or bidirectional:
+        return None
+    lstm = node.target == aten.lstm.input
+    count, time_dim = (4 if lstm else 3), (1 if batch_first else 0)
+    steps = x.meta["val"].shape[time_dim]
+    seq, finals = x, ([], [])
+    for layer in range(layers):
+        g = _Gates(f, params, layer, count, biases)
+        projected = [g.inputs(seq, k, with_hidden_bias=lstm or k < 2) for k in range(count)]
+        h = _initial_state(f, hx[0] if lstm else hx, layer)
+        c = _initial_state(f, hx[1], layer) if lstm else None
+        outs = []
+        for t in range(steps):
+            xs = [f(aten.select.int, p, time_dim, t) for p in projected]
+            h, c = _lstm_step(f, xs, g, h, c) if lstm else (_gru_step(f, xs, g, h), None)
+            outs.append(h)
+        seq = f(aten.stack.default, outs, time_dim)
+        finals[0].append(h)
+        finals[1].append(c)
+    states = [f(aten.stack.default, finals[0], 0)] + ([f(aten.stack.default, finals[1], 0)] if lstm else [])
+    return (seq, *states)
+
+
+DECOMPOSE_FOR_ANNOTATION = {
+    aten.softmax.int: _decompose_softmax,
+    aten._softmax.default: _decompose_softmax,
+    aten.log_softmax.int: _decompose_softmax,
+    aten.layer_norm.default: _decompose_layer_norm,
+    aten.group_norm.default: _decompose_group_norm,
+    aten.batch_norm.default: _decompose_batch_norm,
+    aten.scaled_dot_product_attention.default: _decompose_sdpa,
+    aten.lstm.input: _decompose_rnn,
+    aten.gru.input: _decompose_rnn,
+}
+
+
+def _replace_results(model: GraphModule, node: Node, out: Node | tuple[Node, ...]) -> None:
+    """Put ``out`` (a node, or one per getitem of a multi-output op) in place of ``node``."""
+    if isinstance(out, tuple):
+        for item in list(node.users):
+            item.replace_all_uses_with(out[item.args[1]])
+            model.graph.erase_node(item)
+    else:
+        node.replace_all_uses_with(out)
+    model.graph.erase_node(node)
+
+
+def _layers_for_annotation(model: GraphModule, config_for: Callable[[Node], QuantizationConfig | None]) -> GraphModule:
+    """Composite layers become primitives (softmax, norms, attention), so each step gets its own qparams."""
+    for node in list(model.graph.nodes):
+        rule = DECOMPOSE_FOR_ANNOTATION.get(node.target) if node.op == "call_function" else None
+        config = config_for(node) if rule is not None else None
+        if config is None or not _is_float_tensor(node.args[0]):
+            continue  # left float: it stays whole for the float lowering
+        f = _Builder(model, node)
+        out = rule(f, node)
+        if out is None:
+            continue
+        for own in f.own_qparams:
+            _unary(own, config)
+        _replace_results(model, node, out)
+    model.recompile()
+    return model
+
 
 
 # ------------------------------------------------------------------ quantizers
@@ -249,7 +736,8 @@ class TOSAQuantizer(Quantizer):
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         """Prepare the graph for annotation: scalar operands become tensors."""
-        return _scalar_to_tensor(model)
+        model = _decompose_var(model)
+        return _scalar_to_tensor(_elementwise_for_annotation(_layers_for_annotation(model, self.config_for)))
 
     def config_for(self, node: Node) -> QuantizationConfig | None:
         """The config that applies to ``node``: module name, then module type, then global."""

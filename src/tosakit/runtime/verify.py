@@ -193,9 +193,12 @@ def _layer_row(delegate: str, node, value, got: torch.Tensor, original: GraphMod
                float_values: dict | None) -> LayerReport:
     ref, q = _reference_for(node, original, values)
     steps = rel = None
-    if isinstance(ref, torch.Tensor) and ref.shape == got.shape:
-        if q is not None:
-            steps = float((got.long() - ref.long()).abs().max()) if got.numel() else 0.0
+    if isinstance(ref, torch.Tensor) and ref.shape == got.shape and got.numel():
+        if q is not None:  # integers against the quantize after the op
+            steps = float((got.long() - ref.long()).abs().max())
+        elif value.q is not None and ref.is_floating_point():  # data movement of integers: its real values
+            q = value.q
+            steps = float((q.dequantize(got, torch.float64) - ref.double()).abs().max()) / q.s
         else:
             scale = float(ref.double().abs().max()) or 1.0
             rel = float((got.double() - ref.double()).abs().max()) / scale

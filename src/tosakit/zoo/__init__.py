@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from ..errors import TosakitError, did_you_mean
-from . import mobilenet_v2, tutorial
+from . import audio, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, transformer, tutorial
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,13 @@ MODELS: dict[str, ZooModel] = {
         ZooModel("add3", tutorial.add3, "(x + y, x + x) on float (two inputs, two outputs)"),
         ZooModel("softmax", tutorial.softmax, "torch.nn.Softmax on a 2x2 float input (the tutorial's SoftmaxModule)"),
         ZooModel("mv2", mobilenet_v2.build, "MobileNetV2 (1.0, 224x224), seeded random weights, calibrated BN"),
+        ZooModel("mv3", mobilenet_v3.build, "MobileNetV3-Small (224x224): hardswish, squeeze-and-excitation"),
+        ZooModel("resnet18", resnet.build, "ResNet-18 (224x224): residual blocks, max pool"),
+        ZooModel("transformer", transformer.build, "2-layer transformer encoder (32 tokens x 64): layer norm, "
+                 "attention, GELU"),
+        ZooModel("lstm", recurrent.build, "LSTM keyword spotter (49 frames x 40 features, 64 hidden)"),
+        ZooModel("unet", segmentation.build, "small U-Net segmentation (64x64): upsample, skip concatenation"),
+        ZooModel("audio1d", audio.build, "1-D conv keyword spotter (40 MFCC x 98 frames): depthwise conv1d"),
     )
 }
 

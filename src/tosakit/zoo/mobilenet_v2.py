@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._init import init_weights
+
 # expansion t, output channels c, repeats n, first stride s
 SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 
@@ -53,17 +55,5 @@ def build(seed: int = 0) -> tuple[nn.Module, tuple]:
     """Seeded random weights (torchvision's init), batch-norm statistics from random images."""
     torch.manual_seed(seed)
     model = MobileNetV2()
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out")
-        elif isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, 0, 0.01)
-            nn.init.zeros_(m.bias)
-    model.train()
-    with torch.no_grad():  # realistic activation ranges: normalise each layer on random images
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.momentum = None  # cumulative average
-        model(torch.randn(8, 3, 224, 224))
-    model.eval()
+    init_weights(model, seed, torch.randn(8, 3, 224, 224), linear_std=0.01)
     return model, (torch.randn(1, 3, 224, 224),)

@@ -71,7 +71,19 @@ class VelaReport:
     weights_encoded_bytes: int
     memory_used: dict[str, int]  # every "Total <memory> used" Vela prints, by its label
     access_cycles: dict[str, int]  # "<memory> Access cycles", by the same labels
+    macs_per_cycle: int = 0  # the NPU's MACs per cycle, all cores
     per_op: list[VelaOpPerf] = field(default_factory=list)
+
+    @property
+    def mac_utilisation(self) -> float:
+        """MACs / (cycles x MACs per cycle): how much of the NPU's peak the network uses."""
+        peak = self.total_cycles * self.macs_per_cycle
+        return self.mac_count / peak if peak else 0.0
+
+    @property
+    def ideal_cycles(self) -> int:
+        """Cycles at full MAC use: the floor the compiler's cycle count is measured against."""
+        return -(-self.mac_count // self.macs_per_cycle) if self.macs_per_cycle else 0
 
     def summary(self) -> str:
         """A few lines in the spirit of Vela's network summary."""
@@ -80,7 +92,8 @@ class VelaReport:
         lines += [f"  {label} used: {used / 1024:.2f} KiB" for label, used in self.memory_used.items()]
         lines.append(f"  NPU operators: {self.npu_ops}, CPU operators: {self.cpu_ops}")
         lines.append(f"  MACs: {self.mac_count}, cycles: {self.total_cycles} (NPU {self.npu_cycles})")
-        lines.append(f"  inference time: {self.inference_time_s * 1e3:.3f} ms")
+        lines.append(f"  inference time: {self.inference_time_s * 1e3:.3f} ms; MAC utilisation "
+                     f"{100 * self.mac_utilisation:.1f}% (ideal {self.ideal_cycles} cycles)")
         return "\n".join(lines)
 
 
@@ -475,6 +488,7 @@ def _report(model, tosa: bytes, opts: VelaOptions, config: _VelaConfig) -> VelaR
         weights_encoded_bytes=int(perf.encodedWeights),
         memory_used=used,
         access_cycles=cycles,
+        macs_per_cycle=macs * cores,
         per_op=_per_op(model, tosa, macs * cores),
     )
 

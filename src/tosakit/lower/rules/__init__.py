@@ -1,3 +1,3 @@
 """Lowering rules by op family; importing this package fills the rule table."""
 
-from . import conv, elementwise, pool, quant, shape  # noqa: F401
+from . import attention, compare, conv, elementwise, norm, pool, quant, reduce, shape  # noqa: F401

@@ -1,4 +1,5 @@
-"""Convolution and linear layers: CONV2D / DEPTHWISE_CONV2D, with int32 accumulators in INT."""
+"""Convolution and linear layers: CONV2D / DEPTHWISE_CONV2D / TRANSPOSE_CONV2D, with int32 accumulators
+in INT; grouped convolution runs one CONV2D per group and a CONCAT."""
 
 from __future__ import annotations
 
@@ -15,17 +16,24 @@ aten = torch.ops.aten
 
 def _conv_check(node: Node, spec) -> str | None:
     x, w = node.args[0], node.args[1]
-    if node.args[6]:
-        return "transposed convolution has no lowering yet"
     if not is_constant(w):
         return "convolution weights must be constants"
     rank = x.meta["val"].dim()
+    if node.args[6]:
+        return _transposed_check(node, rank)
     if rank not in (3, 4):
         return f"only 1-D and 2-D convolution are lowered (input rank {rank})"
-    groups = node.args[8]
-    cin = x.meta["val"].shape[1]
-    if groups != 1 and not (groups == cin):
-        return f"grouped convolution (groups={groups}, {cin} input channels) has no lowering yet"
+    return None
+
+
+def _transposed_check(node: Node, rank: int) -> str | None:
+    dilation, groups = node.args[5], node.args[8]
+    if rank != 4:
+        return f"only 2-D transposed convolution is lowered (input rank {rank})"
+    if groups != 1:
+        return f"transposed convolution with groups={groups} has no lowering; TRANSPOSE_CONV2D has no groups"
+    if any(d != 1 for d in dilation):
+        return f"transposed convolution with dilation {list(dilation)}: TRANSPOSE_CONV2D has no dilation"
     return None
 
 
@@ -42,51 +50,111 @@ def _requant(ctx: Lowering, acc: Value, in_scale: float, w_scale, node: Node) ->
     return ctx.fused_clamp(out, node)
 
 
-def _bias(ctx: Lowering, b, oc: int, in_scale: float | None, w_scale) -> str:
+def _bias(ctx: Lowering, b: torch.Tensor | None, oc: int, in_scale: float | None, w_scale) -> str:
     """The bias tensor: int32 in INT (quantized with in_scale x weight scale), float in FP."""
     if in_scale is None:
-        arr = np.zeros(oc, np.float32) if b is None else ctx.constant(b).float().numpy()
+        arr = np.zeros(oc, np.float32) if b is None else b.float().numpy()
         return ctx.g.const(arr, DType.FP32)
     if b is None:
         return ctx.g.const(np.zeros(oc, np.int32), DType.INT32)
-    t = ctx.constant(b)
-    if t.dtype == torch.int32:  # already quantized by the quantizer (scale = input x weight)
-        return ctx.g.const(t.numpy(), DType.INT32)
+    if b.dtype == torch.int32:  # already quantized by the quantizer (scale = input x weight)
+        return ctx.g.const(b.numpy(), DType.INT32)
     scale = in_scale * np.broadcast_to(np.asarray(w_scale, dtype=np.float64), (oc,))
-    return ctx.g.const(np.clip(np.round(t.double().numpy() / scale), -(2**31), 2**31 - 1).astype(np.int32), DType.INT32)
+    return ctx.g.const(np.clip(np.round(b.double().numpy() / scale), -(2**31), 2**31 - 1).astype(np.int32), DType.INT32)
 
 
-def _conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b, stride, pad, dilation, groups,
-            out_nchw: tuple[int, ...]) -> Value:
-    """CONV2D or DEPTHWISE_CONV2D on an NHWC value; returns the NHWC result."""
-    x = ctx.nhwc(x)
+def _weight_scale(node: Node, lo: int, hi: int):
+    """The weight scale of output channels [lo, hi) (a float when per tensor); None in FP."""
+    q_w: QParams | None = node.args[1].meta.get("tosakit_q")
+    if q_w is None:
+        return None
+    return q_w.scale if not q_w.per_channel else np.asarray(q_w.scale)[lo:hi]
+
+
+def weight_dtype(integer: bool):
+    """int8 weights in INT, float weights in FP."""
+    return DType.INT8 if integer else DType.FP32
+
+
+def slice_axis(ctx: Lowering, v: Value, axis: int, start: int, size: int) -> Value:
+    """SLICE ``size`` entries from ``start`` along TOSA dimension ``axis``."""
+    begin = [0] * v.rank
+    shape = list(v.shape)
+    begin[axis], shape[axis] = start, size
+    return ctx.emit(Op.SLICE, [v, ctx.g.shape_const(begin), ctx.g.shape_const(shape)], shape, v.dtype, like=v,
+                    q=v.q, attr=make_attr("SliceAttribute"))
+
+
+def concat(ctx: Lowering, vals: list[Value], axis: int, node: Node | None = None) -> Value:
+    """CONCAT values of one layout along TOSA dimension ``axis``."""
+    shape = list(vals[0].shape)
+    shape[axis] = sum(v.shape[axis] for v in vals)
+    return ctx.emit(Op.CONCAT, vals, shape, vals[0].dtype, like=vals[0], q=vals[0].q,
+                    attr=make_attr("ConcatAttribute", axis), node=node)
+
+
+def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, w_scale, stride, pad,
+             dilation, depthwise: bool, out_hw) -> Value:
+    """One CONV2D or DEPTHWISE_CONV2D on an NHWC value; returns the NHWC result (requantized in INT)."""
     n, ih, iw, cin = x.shape
     oc, _, kh, kw = w.shape
-    q_w: QParams | None = node.args[1].meta.get("tosakit_q")
-    integer = ctx.q_of(node) is not None
+    integer = w_scale is not None
     pads = tosa_pads((ih, iw), (kh, kw), stride, pad, dilation)
-    out_shape = (n, out_nchw[2], out_nchw[3], oc)
-    depthwise = groups > 1
     w_np = w.numpy()
     if depthwise:  # [C*M, 1, KH, KW] -> [KH, KW, C, M]
         w_np = w_np.reshape(cin, oc // cin, kh, kw).transpose(2, 3, 0, 1)
     else:  # OIHW -> OHWI
         w_np = w_np.transpose(0, 2, 3, 1)
-    w_dtype = DType.INT8 if integer else DType.FP32
-    weight = ctx.g.const(np.ascontiguousarray(w_np), w_dtype)
-    if integer:
-        w_scale = q_w.scale
-        bias = _bias(ctx, b, oc, x.q.s, w_scale)
-        zps = [ctx.g.zero_point(x.q.zp, DType.INT8), ctx.g.zero_point(0, DType.INT8)]
-        acc_type, out_dtype = DType.INT32, DType.INT32
-    else:
-        bias = _bias(ctx, b, oc, None, None)
-        zps = [ctx.g.zero_point(0, DType.FP32), ctx.g.zero_point(0, DType.FP32)]
-        acc_type, out_dtype = DType.FP32, DType.FP32
+    weight = ctx.g.const(np.ascontiguousarray(w_np), DType.INT8 if integer else DType.FP32)
+    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale)
+    acc_type = DType.INT32 if integer else DType.FP32
+    zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
     kind = "DepthwiseConv2dAttribute" if depthwise else "Conv2dAttribute"
     attr = make_attr(kind, pads, list(stride), list(dilation), False, acc_type)
     op = Op.DEPTHWISE_CONV2D if depthwise else Op.CONV2D
-    acc = ctx.emit(op, [x, weight, bias, *zps], out_shape, out_dtype, order=NHWC, attr=attr, node=node)
+    acc = ctx.emit(op, [x, weight, bias, *zps], (n, *out_hw, oc), acc_type, order=NHWC, attr=attr, node=node)
+    if integer:
+        return _requant(ctx, acc, x.q.s, w_scale, node)
+    return ctx.fused_clamp(acc, node)
+
+
+def _conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, stride, pad, dilation,
+            groups, out_nchw: tuple[int, ...]) -> Value:
+    """A 2-D convolution on an NHWC value: one op, or one CONV2D per group joined by CONCAT."""
+    x = ctx.nhwc(x)
+    cin, oc = x.shape[3], w.shape[0]
+    args = (stride, pad, dilation)
+    if groups == 1 or groups == cin:
+        return _conv_op(ctx, node, x, w, b, _weight_scale(node, 0, oc), *args, groups > 1, out_nchw[2:])
+    ic_g, oc_g = cin // groups, oc // groups
+    parts = []
+    for g in range(groups):
+        lo, hi = g * oc_g, (g + 1) * oc_g
+        xg = slice_axis(ctx, x, 3, g * ic_g, ic_g)
+        bg = None if b is None else b[lo:hi]
+        parts.append(_conv_op(ctx, node, xg, w[lo:hi], bg, _weight_scale(node, lo, hi), *args, False, out_nchw[2:]))
+    return concat(ctx, parts, 3, node=node)
+
+
+def _bias_tensor(ctx: Lowering, b_node) -> torch.Tensor | None:
+    return None if b_node is None else ctx.constant(b_node)
+
+
+def _transpose_conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, stride, pad,
+                      output_padding, out_nchw) -> Value:
+    """TRANSPOSE_CONV2D: torch's padding crops both sides, output_padding extends the far side."""
+    x = ctx.nhwc(x)
+    oc = w.shape[1]
+    w_scale = _weight_scale(node, 0, oc)
+    integer = w_scale is not None
+    weight = ctx.g.const(np.ascontiguousarray(w.numpy().transpose(1, 2, 3, 0)), weight_dtype(integer))  # IOHW -> OHWI
+    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale)
+    out_pad = [-pad[0], -pad[0] + output_padding[0], -pad[1], -pad[1] + output_padding[1]]
+    acc_type = DType.INT32 if integer else DType.FP32
+    zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
+    attr = make_attr("TransposeConv2dAttribute", out_pad, list(stride), False, acc_type)
+    shape = (out_nchw[0], out_nchw[2], out_nchw[3], oc)
+    acc = ctx.emit(Op.TRANSPOSE_CONV2D, [x, weight, bias, *zps], shape, acc_type, order=NHWC, attr=attr, node=node)
     if integer:
         return _requant(ctx, acc, x.q.s, w_scale, node)
     return ctx.fused_clamp(acc, node)
@@ -94,17 +162,20 @@ def _conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b, stride, pad
 
 @lowers(aten.convolution.default, check=_conv_check)
 def convolution(ctx: Lowering, node: Node) -> Value:
-    x_node, w_node, b_node, stride, pad, dilation, _, _, groups = node.args
+    x_node, w_node, b_node, stride, pad, dilation, transposed, output_padding, groups = node.args
     x = ctx.arg(x_node)
     w = ctx.constant(w_node)
+    b = _bias_tensor(ctx, b_node)
     out = tuple(node.meta["val"].shape)
+    if transposed:
+        return _transpose_conv2d(ctx, node, x, w, b, tuple(stride), tuple(pad), tuple(output_padding), out)
     if x.rank == 3:  # conv1d: [N, C, L] as [N, C, 1, L]
         n, c, length = x.torch_shape
         x4 = ctx.reshape(x, (n, c, 1, length))
-        y = _conv2d(ctx, node, x4, w.unsqueeze(2), b_node, (1, stride[0]), (0, pad[0]), (1, dilation[0]),
-                    groups, (out[0], out[1], 1, out[2]))
+        y = _conv2d(ctx, node, x4, w.unsqueeze(2), b, (1, stride[0]), (0, pad[0]), (1, dilation[0]), groups,
+                    (out[0], out[1], 1, out[2]))
         return ctx.reshape(y, out, node=node)
-    return _conv2d(ctx, node, x, w, b_node, tuple(stride), tuple(pad), tuple(dilation), groups, out)
+    return _conv2d(ctx, node, x, w, b, tuple(stride), tuple(pad), tuple(dilation), groups, out)
 
 
 @lowers(aten.linear.default, check=_weight_check)
@@ -118,6 +189,6 @@ def linear(ctx: Lowering, node: Node) -> Value:
     rows = int(np.prod(shape[:-1]))
     x4 = ctx.reshape(x, (rows, shape[-1], 1, 1))  # NCHW view so the NHWC form is [rows, 1, 1, in]
     out = tuple(node.meta["val"].shape)
-    y = _conv2d(ctx, node, x4, w.reshape(w.shape[0], w.shape[1], 1, 1), b_node, (1, 1), (0, 0), (1, 1), 1,
-                (rows, w.shape[0], 1, 1))
+    y = _conv2d(ctx, node, x4, w.reshape(w.shape[0], w.shape[1], 1, 1), _bias_tensor(ctx, b_node), (1, 1), (0, 0),
+                (1, 1), 1, (rows, w.shape[0], 1, 1))
     return ctx.reshape(y, out, node=node)

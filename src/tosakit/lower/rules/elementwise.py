@@ -1,16 +1,100 @@
-"""Elementwise arithmetic and activations: ADD, SUB, MUL, CLAMP, SIGMOID, TANH, EXP."""
+"""Elementwise arithmetic, activations, constants and casts.
+
+Float: the TOSA FP op, or a small composition of them (gelu through ERF or TANH,
+silu = x * sigmoid(x), ...). Integer: linear ops rescale their int8 operands
+through int32; any other function of one input is an int8 TABLE built from the
+ATen op itself, so it matches PyTorch on every one of the 256 inputs.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 from torch.fx import Node
 
-from ..lowering import F32_MAX, Lowering, int_dtype, lowers, quantized_bounds
-from ..tosa_graph import DType, Op, Value
+from ...quantize.qdq import INDEX_RESULT_OPS, QParams
+from ..lowering import F32_MAX, NAN_PROPAGATE, Lowering, int_dtype, lowers, quantized_bounds
+from ..tosa_graph import TORCH_TO_TOSA, DType, Op, Value, is_float, make_attr
 
 aten = torch.ops.aten
 ADD_SHIFT = 20  # headroom bits when int8 operands meet in int32
+BOOL_RESULT = {Op.EQUAL, Op.GREATER, Op.GREATER_EQUAL, Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR,
+               Op.LOGICAL_NOT}
+ATTRS = {Op.MAXIMUM: make_attr("MaximumAttribute", NAN_PROPAGATE),
+         Op.MINIMUM: make_attr("MinimumAttribute", NAN_PROPAGATE)}
+
+
+# ------------------------------------------------------------------ building blocks
+
+
+def broadcast(ctx: Lowering, *vals: Value) -> list[Value]:
+    """Operands at one rank and layout (lower-rank ones gain leading size-1 dims, as in PyTorch)."""
+    rank = max(v.rank for v in vals)
+    vals = [v if v.rank == rank else ctx.reshape(v, (1,) * (rank - v.rank) + v.torch_shape) for v in vals]
+    return ctx.same_order(*vals)
+
+
+def ew(ctx: Lowering, op, *operands, q: QParams | None = None, node: Node | None = None) -> Value:
+    """One elementwise TOSA op with PyTorch broadcasting; numbers become constants of the tensors' type."""
+    like = next(o for o in operands if isinstance(o, Value))
+    vals = broadcast(ctx, *(o if isinstance(o, Value) else ctx.scalar(o, like) for o in operands))
+    shape = tuple(max(dims) for dims in zip(*(v.shape for v in vals)))
+    dtype = DType.BOOL if op in BOOL_RESULT else vals[-1].dtype
+    extra = [ctx.g.const(np.zeros(1, np.int8), DType.INT8)] if op == Op.MUL else []  # MUL's shift
+    return ctx.emit(op, vals + extra, shape, dtype, like=vals[0], q=q, attr=ATTRS.get(op), node=node)
+
+
+def scaled(ctx: Lowering, v: Value, k: float, node: Node | None = None) -> Value:
+    """v * k (no op when k is 1)."""
+    return v if k == 1 else ew(ctx, Op.MUL, v, float(k), node=node)
+
+
+def to_q(ctx: Lowering, v: Value, q: QParams) -> Value:
+    """``v`` requantized to ``q`` (a RESCALE unless it already has that scale and zero point)."""
+    if (v.q.s, v.q.zp) == (q.s, q.zp):
+        return v
+    return ctx.rescale(v, v.q.s / q.s, int_dtype(q), v.q.zp, q.zp, q=q)
+
+
+def arg(node: Node, index: int, name: str, default):
+    """Argument ``index`` (or keyword ``name``) of an ATen call."""
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def _same_function(node: Node):
+    """The node's ATen op as a function of its first input, other arguments fixed (for TABLEs)."""
+    return lambda t: node.target(t, *node.args[1:], **node.kwargs)
+
+
+def activation(fp):
+    """Rule for a function of one input: an int8 TABLE when quantized, else ``fp(ctx, x, node)`` in float."""
+
+    def rule(ctx: Lowering, node: Node) -> Value:
+        x = ctx.arg(node.args[0])
+        q_out = ctx.q_of(node)
+        if q_out is not None:
+            return ctx.table(x, _same_function(node), q_out, node=node)
+        return fp(ctx, x, node)
+
+    return rule
+
+
+def unary(op):
+    """Rule for a function with its own TOSA op: the op in float, a TABLE in int8."""
+    return activation(lambda ctx, x, node: ctx.emit(op, [x], x.shape, x.dtype, like=x, node=node))
+
+
+def _float_inputs(node: Node, spec) -> str | None:
+    """Refuses integer tensors that are not quantized values (those carry their qparams)."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes if a.meta.get("tosakit_q") is None]
+    if any(isinstance(v, torch.Tensor) and not v.dtype.is_floating_point for v in vals):
+        return f"{node.target} on integer tensors has no lowering; cast them to float first"
+    return None
+
+
+# ------------------------------------------------------------------ arithmetic
 
 
 def _out_shape(a: Value, b: Value) -> tuple[int, ...]:
@@ -23,11 +107,11 @@ def _alpha_check(node: Node, spec) -> str | None:
 
 
 def _operands(ctx: Lowering, node: Node) -> tuple[Value, Value]:
-    a, b = (ctx.arg(x) if isinstance(x, Node) else None for x in node.args[:2])
-    if b is None:  # tensor op scalar
-        b = ctx.scalar(float(node.args[1]), a)
-    a, b = ctx.same_order(a, b)
-    return a, b
+    """The two operands of a binary op; a number (on either side) becomes a constant."""
+    a, b = node.args[:2]
+    like = ctx.arg(a if isinstance(a, Node) else b)
+    a, b = (ctx.arg(x) if isinstance(x, Node) else ctx.scalar(float(x), like) for x in (a, b))
+    return tuple(broadcast(ctx, a, b))
 
 
 def _add_sub(ctx: Lowering, node: Node, op) -> Value:
@@ -70,6 +154,160 @@ def mul(ctx: Lowering, node: Node) -> Value:
     return ctx.rescale(acc, a.q.s * b.q.s / q_out.s, int_dtype(q_out), 0, q_out.zp, q=q_out, node=node)
 
 
+def _div_check(node: Node, spec) -> str | None:
+    if len(node.args) > 1 and not isinstance(node.args[1], Node) and float(node.args[1]) == 0:
+        return "division by the constant 0 has no lowering"
+    return _float_inputs(node, spec)
+
+
+@lowers(aten.div.Tensor, int=False, check=_div_check)
+def div(ctx: Lowering, node: Node) -> Value:
+    """a / b = a * RECIPROCAL(b) (the quantizer rewrites quantized divisions into those two ops)."""
+    a, b = node.args[:2]
+    inverse = ew(ctx, Op.RECIPROCAL, ctx.arg(b), node=node) if isinstance(b, Node) else 1.0 / float(b)
+    return ew(ctx, Op.MUL, ctx.arg(a), inverse, node=node)
+
+
+@lowers(aten.neg.default)
+def neg(ctx: Lowering, node: Node) -> Value:
+    """NEGATE, zero points included; a TABLE when the quantized output has another scale."""
+    x = ctx.arg(node.args[0])
+    q_out = ctx.q_of(node)
+    if q_out is not None and q_out.s != x.q.s:
+        return ctx.table(x, torch.neg, q_out, node=node)
+    zps = (x.q.zp, q_out.zp) if q_out is not None else (0, 0)
+    zp_consts = [ctx.g.zero_point(zp, x.dtype) for zp in zps]
+    return ctx.emit(Op.NEGATE, [x, *zp_consts], x.shape, x.dtype, like=x, q=q_out, node=node)
+
+
+def _extremum(op):
+    """MAXIMUM/MINIMUM; quantized operands meet as int32 in output steps (rounding is monotonic, so
+    picking first and adding the zero point after gives PyTorch's quantized result)."""
+
+    def rule(ctx: Lowering, node: Node) -> Value:
+        a, b = (ctx.arg(x) for x in node.args[:2])
+        q_out = ctx.q_of(node)
+        if q_out is None:
+            return ew(ctx, op, a, b, node=node)
+        a32, b32 = (ctx.rescale(v, v.q.s / q_out.s, DType.INT32, v.q.zp, 0) for v in (a, b))
+        return ctx.rescale(ew(ctx, op, a32, b32, node=node), 1.0, int_dtype(q_out), 0, q_out.zp, q=q_out)
+
+    return rule
+
+
+lowers(aten.maximum.default)(_extremum(Op.MAXIMUM))
+lowers(aten.minimum.default)(_extremum(Op.MINIMUM))
+
+
+def _power(ctx: Lowering, x: Value, n: int, node: Node) -> Value:
+    """x**n for an integer n >= 1, by repeated squaring."""
+    result, base = None, x
+    while n:
+        if n & 1:
+            result = base if result is None else ew(ctx, Op.MUL, result, base, node=node)
+        n >>= 1
+        if n:
+            base = ew(ctx, Op.MUL, base, base, node=node)
+    return result
+
+
+def _pow(ctx: Lowering, x: Value, node: Node) -> Value:
+    """Integer exponents multiply (valid for negative x too), others use POW."""
+    e = node.args[1]
+    if not float(e).is_integer():
+        return ew(ctx, Op.POW, x, float(e), node=node)
+    if e == 0:
+        return ctx.const_value(torch.ones(x.torch_shape, dtype=node.meta["val"].dtype))
+    p = _power(ctx, x, abs(int(e)), node)
+    return p if e > 0 else ew(ctx, Op.RECIPROCAL, p, node=node)
+
+
+lowers(aten.pow.Tensor_Scalar, check=_float_inputs)(activation(_pow))
+
+
+# ------------------------------------------------------------------ functions of one input
+
+
+for _target, _op in {
+    aten.sigmoid.default: Op.SIGMOID,
+    aten.tanh.default: Op.TANH,
+    aten.exp.default: Op.EXP,
+    aten.log.default: Op.LOG,
+    aten.rsqrt.default: Op.RSQRT,
+    aten.reciprocal.default: Op.RECIPROCAL,
+    aten.erf.default: Op.ERF,
+    aten.abs.default: Op.ABS,
+}.items():
+    lowers(_target)(unary(_op))
+
+
+@lowers(aten.sqrt.default)
+@activation
+def sqrt(ctx: Lowering, x: Value, node: Node) -> Value:
+    """TOSA has no SQRT: POW(x, 0.5)."""
+    return ew(ctx, Op.POW, x, 0.5, node=node)
+
+
+@lowers(aten.gelu.default)
+@activation
+def gelu(ctx: Lowering, x: Value, node: Node) -> Value:
+    """x/2 * (1 + erf(x/sqrt(2))), or with approximate='tanh' x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    if arg(node, 1, "approximate", "none") == "tanh":
+        cube = ew(ctx, Op.MUL, ew(ctx, Op.MUL, x, x, node=node), x, node=node)
+        inner = ew(ctx, Op.ADD, x, ew(ctx, Op.MUL, cube, 0.044715, node=node), node=node)
+        t = ew(ctx, Op.TANH, ew(ctx, Op.MUL, inner, math.sqrt(2 / math.pi), node=node), node=node)
+    else:
+        t = ew(ctx, Op.ERF, ew(ctx, Op.MUL, x, math.sqrt(0.5), node=node), node=node)
+    return ew(ctx, Op.MUL, ew(ctx, Op.MUL, x, 0.5, node=node), ew(ctx, Op.ADD, t, 1.0, node=node), node=node)
+
+
+@lowers(aten.silu.default)
+@activation
+def silu(ctx: Lowering, x: Value, node: Node) -> Value:
+    """x * sigmoid(x)."""
+    return ew(ctx, Op.MUL, x, ew(ctx, Op.SIGMOID, x, node=node), node=node)
+
+
+@lowers(aten.hardswish.default)
+@activation
+def hardswish(ctx: Lowering, x: Value, node: Node) -> Value:
+    """x * clamp(x + 3, 0, 6) / 6."""
+    gate = ctx.clamp(ew(ctx, Op.ADD, x, 3.0, node=node), 0.0, 6.0, node=node)
+    return scaled(ctx, ew(ctx, Op.MUL, x, gate, node=node), 1 / 6, node=node)
+
+
+@lowers(aten.hardsigmoid.default)
+@activation
+def hardsigmoid(ctx: Lowering, x: Value, node: Node) -> Value:
+    """clamp(x / 6 + 1/2, 0, 1)."""
+    return ctx.clamp(ew(ctx, Op.ADD, scaled(ctx, x, 1 / 6, node=node), 0.5, node=node), 0.0, 1.0, node=node)
+
+
+@lowers(aten.leaky_relu.default)
+@activation
+def leaky_relu(ctx: Lowering, x: Value, node: Node) -> Value:
+    """max(x, a*x) for slopes in [0, 1]; otherwise max(x, 0) + a * min(x, 0)."""
+    slope = float(arg(node, 1, "negative_slope", 0.01))
+    if 0 <= slope <= 1:
+        return ew(ctx, Op.MAXIMUM, x, scaled(ctx, x, slope, node=node), node=node)
+    below = scaled(ctx, ctx.clamp(x, -F32_MAX, 0.0, node=node), slope, node=node)
+    return ew(ctx, Op.ADD, ctx.clamp(x, 0.0, F32_MAX, node=node), below, node=node)
+
+
+@lowers(aten.elu.default)
+@activation
+def elu(ctx: Lowering, x: Value, node: Node) -> Value:
+    """scale * (max(x, 0) + alpha * (exp(input_scale * min(x, 0)) - 1))."""
+    alpha, scale, input_scale = (float(arg(node, i, n, 1.0)) for i, n in
+                                 ((1, "alpha"), (2, "scale"), (3, "input_scale")))
+    below = ew(ctx, Op.EXP, scaled(ctx, ctx.clamp(x, -F32_MAX, 0.0, node=node), input_scale, node=node), node=node)
+    below = scaled(ctx, ew(ctx, Op.SUB, below, 1.0, node=node), alpha, node=node)
+    return scaled(ctx, ew(ctx, Op.ADD, ctx.clamp(x, 0.0, F32_MAX, node=node), below, node=node), scale, node=node)
+
+
+# ------------------------------------------------------------------ clamps
+
+
 def _clamp_rule(ctx: Lowering, node: Node, lo: float | None, hi: float | None) -> Value:
     x = ctx.arg(node.args[0])
     q_out = ctx.q_of(node)
@@ -99,19 +337,56 @@ def clamp(ctx: Lowering, node: Node) -> Value:
     return _clamp_rule(ctx, node, None if lo is None else float(lo), None if hi is None else float(hi))
 
 
-def unary(op, fn):
-    """A rule for an elementwise function: the TOSA op in float, a TABLE in int8."""
+# ------------------------------------------------------------------ constants and casts
 
-    def rule(ctx: Lowering, node: Node) -> Value:
-        x = ctx.arg(node.args[0])
+
+FILL_ARG = {aten.full.default: 1, aten.full_like.default: 1, aten.scalar_tensor.default: 0}  # where the value is
+
+
+def _dtypes_check(node: Node, spec) -> str | None:
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    bad = [v.dtype for v in vals if isinstance(v, torch.Tensor) and v.dtype not in TORCH_TO_TOSA]
+    return f"{node.target} on {bad[0]} tensors: TOSA has no {bad[0]} type" if bad else None
+
+
+@lowers(*FILL_ARG, check=_dtypes_check)
+def full(ctx: Lowering, node: Node) -> Value:
+    """A constant tensor (full, zeros, ones and their *_like forms all decompose to these)."""
+    val = node.meta["val"]
+    return ctx.const_value(torch.full(tuple(val.shape), node.args[FILL_ARG[node.target]], dtype=val.dtype))
+
+
+def _cast_check(node: Node, spec) -> str | None:
+    src, dst = node.args[0].meta["val"].dtype, node.meta["val"].dtype
+    if spec.is_u55_subset and torch.bool in (src, dst) and src != dst:
+        return f"casting {src} to {dst} needs SELECT/EQUAL, outside the Ethos-U55/U65 TOSA subset"
+    if node.args[0].target in INDEX_RESULT_OPS and dst in TORCH_TO_TOSA:
+        return None  # arg-max indices are int32 inside the delegate
+    return _dtypes_check(node, spec)
+
+
+def _trunc(ctx: Lowering, x: Value, node: Node) -> Value:
+    """Round toward zero, as PyTorch's float-to-integer conversion does (CAST rounds to nearest)."""
+    up = ew(ctx, Op.GREATER_EQUAL, x, 0.0, node=node)
+    return ew(ctx, Op.SELECT, up, ew(ctx, Op.FLOOR, x, node=node), ew(ctx, Op.CEIL, x, node=node), node=node)
+
+
+@lowers(aten._to_copy.default, check=_cast_check)
+def to_copy(ctx: Lowering, node: Node) -> Value:
+    """dtype casts: CAST, with PyTorch's truncation for float -> int and bool handled by compare/select."""
+    x = ctx.arg(node.args[0])
+    dst = TORCH_TO_TOSA[node.meta["val"].dtype]
+    if dst == DType.BOOL and x.dtype != DType.BOOL:  # x != 0 (quantized: x != zero point)
+        zero = float(x.q.zp) if x.q is not None else 0.0
+        return ew(ctx, Op.LOGICAL_NOT, ew(ctx, Op.EQUAL, x, zero, node=node), node=node)
+    if x.q is not None or x.dtype == dst:  # a copy (quantized: the same integers, requantized after)
+        return x
+    if x.dtype == DType.BOOL and is_float(dst):  # SELECT between 1 and 0 (quantized when the result is)
         q_out = ctx.q_of(node)
-        if q_out is not None:
-            return ctx.table(x, fn, q_out, node=node)
-        return ctx.emit(op, [x], x.shape, x.dtype, like=x, node=node)
-
-    return rule
-
-
-lowers(aten.sigmoid.default)(unary(Op.SIGMOID, torch.sigmoid))
-lowers(aten.tanh.default)(unary(Op.TANH, torch.tanh))
-lowers(aten.exp.default)(unary(Op.EXP, torch.exp))
+        levels = q_out.quantize(torch.tensor([1.0, 0.0])).tolist() if q_out else [1.0, 0.0]
+        like = x.with_(dtype=int_dtype(q_out) if q_out else dst)
+        one, zero = (ctx.scalar(v, like) for v in levels)
+        return ew(ctx, Op.SELECT, x, one, zero, q=q_out, node=node)
+    if is_float(x.dtype) and not is_float(dst):
+        x = _trunc(ctx, x, node)
+    return ctx.emit(Op.CAST, [x], x.shape, dst, like=x, node=node)

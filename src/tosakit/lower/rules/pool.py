@@ -1,13 +1,15 @@
-"""Pooling and reductions: AVG_POOL2D, MAX_POOL2D, REDUCE_SUM/REDUCE_MAX, softmax."""
+"""Pooling, reductions and resampling: AVG_POOL2D, MAX_POOL2D, REDUCE_SUM/REDUCE_MAX, softmax, RESIZE."""
 
 from __future__ import annotations
 
 import numpy as np
+import tosa_serializer as ts
 import torch
 from torch.fx import Node
 
 from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr, tosa_pads
 from ..tosa_graph import NHWC, DType, Op, Value
+from .conv import slice_axis
 
 aten = torch.ops.aten
 
@@ -42,7 +44,9 @@ def _avg_pool(ctx: Lowering, node: Node, x: Value, kernel, stride, pads, out_nch
 def mean(ctx: Lowering, node: Node) -> Value:
     x = ctx.arg(node.args[0])
     out = tuple(node.meta["val"].shape)
-    if _is_spatial_mean(node):  # global average pooling
+    q_out = ctx.q_of(node)
+    rounds_once = x.q is None or (q_out.s, q_out.zp) == (x.q.s, x.q.zp)
+    if _is_spatial_mean(node) and rounds_once:  # global average pooling (a new scale: sum, one rescale)
         n, c, h, w = x.torch_shape
         y = _avg_pool(ctx, node, x, (h, w), (1, 1), (0, 0, 0, 0), (n, c, 1, 1))
         return ctx.reshape(y, out, node=node) if len(out) != 4 else y
@@ -70,18 +74,36 @@ def _mean_by_sum(ctx: Lowering, node: Node, x: Value, out) -> Value:
 
 def _avg_pool_check(node: Node, spec) -> str | None:
     args = list(node.args) + [None] * 7
-    padding, ceil_mode, count_include_pad, divisor = args[3], args[4], args[5], args[6]
+    ceil_mode, divisor = args[4], args[6]
     if ceil_mode:
         return "avg_pool2d with ceil_mode=True has no lowering yet"
     if divisor is not None:
         return "avg_pool2d with divisor_override has no lowering yet"
-    if padding and any(padding) and count_include_pad is not False:
-        return "avg_pool2d with padding counts the padding (count_include_pad=True); TOSA does not"
     return None
+
+
+def _explicit_pads(ctx: Lowering, x: Value, pads: list[int], materialize: bool) -> tuple[Value, list[int]]:
+    """NHWC ``x`` with negative far pads sliced off and (if ``materialize``) the rest as a PAD of
+    zeros (the zero point): the pads left for the pool itself."""
+    x = ctx.nhwc(x)
+    for axis, hi in ((1, pads[1]), (2, pads[3])):
+        if hi < 0:
+            x = slice_axis(ctx, x, axis, 0, x.shape[axis] + hi)
+    left = [max(p, 0) for p in pads]
+    if not materialize or not any(left):
+        return x, left
+    padding = [0, 0, *left, 0, 0]
+    shape = (x.shape[0], x.shape[1] + left[0] + left[1], x.shape[2] + left[2] + left[3], x.shape[3])
+    fill = ctx.g.const(np.array([x.q.zp if x.q is not None else 0]), x.dtype)
+    x = ctx.emit(Op.PAD, [x, ctx.g.shape_const(padding), fill], shape, x.dtype, like=x, q=x.q,
+                 attr=make_attr("PadAttribute"))
+    return x, [0, 0, 0, 0]
 
 
 @lowers(aten.avg_pool2d.default, check=_avg_pool_check)
 def avg_pool2d(ctx: Lowering, node: Node) -> Value:
+    """AVG_POOL2D; padding that torch counts (count_include_pad, the default) becomes an explicit PAD, so
+    the pool itself is unpadded (Ethos-U55 then allows kernels beyond 8x8)."""
     args = list(node.args) + [None] * 7
     kernel = list(args[1])
     stride = list(args[2] or kernel)
@@ -89,7 +111,43 @@ def avg_pool2d(ctx: Lowering, node: Node) -> Value:
     out = tuple(node.meta["val"].shape)
     x = ctx.arg(args[0])
     pads = tosa_pads(x.torch_shape[2:], kernel, stride, pad)
+    x, pads = _explicit_pads(ctx, x, pads, materialize=args[5] is not False)
     return _avg_pool(ctx, node, x, kernel, stride, pads, out)
+
+
+def _adaptive_check(node: Node, spec) -> str | None:
+    size = node.args[0].meta["val"].shape[2:]
+    out = node.args[1]
+    if len(size) != 2 or any(o is None for o in out):
+        return "only 2-D adaptive pooling with a fixed output size is lowered"
+    if any(s % o for s, o in zip(size, out)):
+        return (f"adaptive pooling from {tuple(size)} to {tuple(out)} needs windows of different sizes; "
+                "only output sizes that divide the input size lower (as one pool)")
+    return None
+
+
+def _adaptive_window(node: Node) -> list[int]:
+    """Kernel (= stride) of the pool an evenly dividing adaptive pool is."""
+    size = node.args[0].meta["val"].shape[2:]
+    return [int(s) // int(o) for s, o in zip(size, node.args[1])]
+
+
+@lowers(aten._adaptive_avg_pool2d.default, check=_adaptive_check)
+def adaptive_avg_pool2d(ctx: Lowering, node: Node) -> Value:
+    window = _adaptive_window(node)
+    return _avg_pool(ctx, node, ctx.arg(node.args[0]), window, window, [0, 0, 0, 0], node.meta["val"].shape)
+
+
+def _adaptive_max_check(node: Node, spec) -> str | None:
+    if any(u.args[1] != 0 for u in node.users):
+        return "adaptive_max_pool2d indices are used; only the values can be lowered"
+    return _adaptive_check(node, spec)
+
+
+@lowers(aten.adaptive_max_pool2d.default, check=_adaptive_max_check)
+def adaptive_max_pool2d(ctx: Lowering, node: Node) -> tuple[Value]:
+    window = _adaptive_window(node)
+    return (_max_pool(ctx, node, ctx.arg(node.args[0]), window, window, [0, 0, 0, 0], node.meta["val"][0].shape),)
 
 
 def _max_pool_check(node: Node, spec) -> str | None:
@@ -110,25 +168,98 @@ def max_pool2d(ctx: Lowering, node: Node) -> tuple[Value]:
     kernel = list(args[1])
     stride = list(args[2] or kernel)
     pad = list(args[3] or [0, 0])
-    x = ctx.nhwc(ctx.arg(args[0]))
-    pads = tosa_pads(x.shape[1:3], kernel, stride, pad)
-    n, c, oh, ow = node.meta["val"][0].shape
-    attr = make_attr("MaxPool2dAttribute", kernel, stride, pads, NAN_PROPAGATE)
-    y = ctx.emit(Op.MAX_POOL2D, [x], (n, oh, ow, c), x.dtype, order=NHWC, q=x.q, attr=attr, node=node)
-    return (y,)
+    x = ctx.arg(args[0])
+    pads = tosa_pads(x.torch_shape[2:], kernel, stride, pad)
+    return (_max_pool(ctx, node, x, kernel, stride, pads, node.meta["val"][0].shape),)
 
 
-@lowers(aten._softmax.default, int=False, u55=False)
-def softmax(ctx: Lowering, node: Node) -> Value:
-    """exp(x - max) / sum(exp(x - max)) along one axis (float)."""
-    x = ctx.arg(node.args[0])
-    axis = x.tosa_dim(node.args[1])
+def _max_pool(ctx: Lowering, node: Node, x: Value, kernel, stride, pads, out_nchw) -> Value:
+    """MAX_POOL2D in NHWC (integers keep their quantization)."""
+    x, pads = _explicit_pads(ctx, x, pads, materialize=False)
+    n, c, oh, ow = out_nchw
+    attr = make_attr("MaxPool2dAttribute", list(kernel), list(stride), pads, NAN_PROPAGATE)
+    return ctx.emit(Op.MAX_POOL2D, [x], (n, oh, ow, c), x.dtype, order=NHWC, q=x.q, attr=attr, node=node)
+
+
+def _softmax_parts(ctx: Lowering, x: Value, dim: int) -> tuple[Value, Value, Value]:
+    """x - max, exp(x - max) and its sum along torch dim ``dim`` (float)."""
+    axis = x.tosa_dim(dim)
     reduced = list(x.shape)
     reduced[axis] = 1
     m = ctx.emit(Op.REDUCE_MAX, [x], reduced, x.dtype, like=x, attr=make_attr("ReduceMaxAttribute", axis, NAN_PROPAGATE))
     d = ctx.emit(Op.SUB, [x, m], x.shape, x.dtype, like=x)
     e = ctx.emit(Op.EXP, [d], x.shape, x.dtype, like=x)
     s = ctx.emit(Op.REDUCE_SUM, [e], reduced, x.dtype, like=x, attr=make_attr("ReduceSumAttribute", axis))
-    r = ctx.emit(Op.RECIPROCAL, [s], reduced, x.dtype, like=x)
+    return d, e, s
+
+
+@lowers(aten._softmax.default, int=False, u55=False)
+def softmax(ctx: Lowering, node: Node) -> Value:
+    """exp(x - max) / sum(exp(x - max)) along one axis (float; the quantizer decomposes it for INT)."""
+    x = ctx.arg(node.args[0])
+    _, e, s = _softmax_parts(ctx, x, node.args[1])
+    r = ctx.emit(Op.RECIPROCAL, [s], s.shape, x.dtype, like=x)
     shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
     return ctx.emit(Op.MUL, [e, r, shift], x.shape, x.dtype, like=x, node=node)
+
+
+@lowers(aten._log_softmax.default, int=False, u55=False)
+def log_softmax(ctx: Lowering, node: Node) -> Value:
+    """(x - max) - log(sum(exp(x - max))) along one axis (float; the quantizer decomposes it for INT)."""
+    x = ctx.arg(node.args[0])
+    d, _, s = _softmax_parts(ctx, x, node.args[1])
+    log_s = ctx.emit(Op.LOG, [s], s.shape, x.dtype, like=x)
+    return ctx.emit(Op.SUB, [d, log_s], x.shape, x.dtype, like=x, node=node)
+
+
+def _upscale(node: Node) -> tuple[int, int]:
+    """The integer (height, width) upscale factors of an upsample node (0 where not an integer)."""
+    size = node.args[0].meta["val"].shape[2:]
+    out = node.meta["val"].shape[2:]
+    return tuple(int(o) // int(s) if o % s == 0 else 0 for s, o in zip(size, out))
+
+
+def _resize_check(node: Node, spec) -> str | None:
+    factors = _upscale(node)
+    if node.args[0].meta["val"].dim() != 4 or not all(factors):
+        return "only 2-D upsampling by integer factors lowers (TOSA RESIZE)"
+    if node.target == aten.upsample_bilinear2d.vec and node.args[2]:
+        return "bilinear upsampling with align_corners=True has no lowering yet"
+    if spec.is_u55_subset and node.target == aten.upsample_bilinear2d.vec and spec.support_integer():
+        return ("Vela does not compile a TOSA bilinear RESIZE for Ethos-U55/U65 (its integer form with the "
+                "RESCALE after it is refused); nearest upsampling runs there")
+    if spec.is_u55_subset and any(f not in (2, 4, 8) for f in factors):
+        return f"Ethos-U55/U65 RESIZE upscales only by 2x, 4x or 8x (this one is {factors[0]}x{factors[1]})"
+    return None
+
+
+def _resize(ctx: Lowering, node: Node, bilinear: bool) -> Value:
+    """RESIZE by integer factors s, sampling at (dst + 0.5) / s - 0.5 (numerators 2s, offset 1 - s,
+    border s - 1): bilinear is torch's align_corners=False, and TOSA's round-to-nearest index is
+    torch's 'nearest' floor(dst / s). Integer bilinear results carry a factor of 4s_y*s_x, removed by
+    a RESCALE."""
+    x = ctx.nhwc(ctx.arg(node.args[0]))
+    factors = _upscale(node)
+    scale = [v for s in factors for v in (2 * s, 2)]
+    offset = [1 - s for s in factors]
+    border = [s - 1 for s in factors]
+    n, c, oh, ow = node.meta["val"].shape
+    integer = x.q is not None
+    out_dtype = DType.INT32 if integer and bilinear else x.dtype
+    mode = ts.ResizeMode.BILINEAR if bilinear else ts.ResizeMode.NEAREST
+    y = ctx.emit(Op.RESIZE, [x, *(ctx.g.shape_const(v) for v in (scale, offset, border))], (n, oh, ow, c),
+                 out_dtype, order=NHWC, q=x.q if out_dtype == x.dtype else None,
+                 attr=make_attr("ResizeAttribute", mode), node=node)
+    if out_dtype != x.dtype:
+        y = ctx.rescale(y, 1.0 / (scale[0] * scale[2]), x.dtype, 0, 0, q=x.q, node=node)
+    return y
+
+
+@lowers(aten.upsample_nearest2d.vec, check=_resize_check)
+def upsample_nearest2d(ctx: Lowering, node: Node) -> Value:
+    return _resize(ctx, node, bilinear=False)
+
+
+@lowers(aten.upsample_bilinear2d.vec, check=_resize_check)
+def upsample_bilinear2d(ctx: Lowering, node: Node) -> Value:
+    return _resize(ctx, node, bilinear=True)

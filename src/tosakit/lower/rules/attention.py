@@ -1,0 +1,63 @@
+"""Attention building blocks: MATMUL for bmm/mm (int8 x int8 -> int32, then RESCALE in INT), GATHER for embedding."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import Node
+
+from ..lowering import Lowering, int_dtype, lowers, make_attr
+from ..tosa_graph import DType, Op, Value
+from .elementwise import mul
+
+aten = torch.ops.aten
+
+# sdpa's float decomposition scales q and k by a Python number (the INT path has tensors there).
+lowers(aten.mul.Scalar)(mul)
+
+
+def _matmul3(ctx: Lowering, node: Node, a: Value, b: Value) -> Value:
+    """MATMUL of [N, H, C] x [N, C, W] in torch order; the INT result is requantized to the node's output."""
+    a, b = ctx.torch_order(a), ctx.torch_order(b)
+    shape = (a.shape[0], a.shape[1], b.shape[2])
+    q_out = ctx.q_of(node)
+    if q_out is None:
+        zps = [ctx.g.zero_point(0, a.dtype), ctx.g.zero_point(0, b.dtype)]
+        return ctx.emit(Op.MATMUL, [a, b, *zps], shape, a.dtype, attr=make_attr("MatMulAttribute"), node=node)
+    zps = [ctx.g.zero_point(a.q.zp, a.dtype), ctx.g.zero_point(b.q.zp, b.dtype)]
+    acc = ctx.emit(Op.MATMUL, [a, b, *zps], shape, DType.INT32, attr=make_attr("MatMulAttribute"), node=node)
+    out = ctx.rescale(acc, a.q.s * b.q.s / q_out.s, int_dtype(q_out), 0, q_out.zp, q=q_out, node=node)
+    return ctx.fused_clamp(out, node)
+
+
+@lowers(aten.bmm.default)
+def bmm(ctx: Lowering, node: Node) -> Value:
+    return _matmul3(ctx, node, ctx.arg(node.args[0]), ctx.arg(node.args[1]))
+
+
+@lowers(aten.mm.default)
+def mm(ctx: Lowering, node: Node) -> Value:
+    """[H, C] x [C, W] as a batch of one."""
+    a, b = (ctx.arg(x) for x in node.args[:2])
+    a3 = ctx.reshape(a, (1, *a.torch_shape))
+    b3 = ctx.reshape(b, (1, *b.torch_shape))
+    return ctx.reshape(_matmul3(ctx, node, a3, b3), node.meta["val"].shape, node=node)
+
+
+def _embedding_check(node: Node, spec) -> str | None:
+    if node.args[1].meta["val"].dtype != torch.int32:
+        return "embedding indices are int64 but TOSA GATHER takes int32 indices (TOSA has no int64): pass int32 ids"
+    return None
+
+
+@lowers(aten.embedding.default, u55=False, check=_embedding_check,
+        note="GATHER is outside the Ethos-U55/U65 TOSA subset")
+def embedding(ctx: Lowering, node: Node) -> Value:
+    """GATHER rows of the [1, V, D] table at the [1, W] flattened indices."""
+    table, idx = ctx.arg(node.args[0]), ctx.arg(node.args[1])
+    vocab, dim = table.torch_shape
+    count = int(torch.tensor(idx.torch_shape).prod())
+    values = ctx.reshape(table, (1, vocab, dim))
+    indices = ctx.reshape(idx, (1, count))
+    out = ctx.emit(Op.GATHER, [values, indices], (1, count, dim), table.dtype, q=table.q,
+                   attr=make_attr("GatherAttribute"), node=node)
+    return ctx.reshape(out, node.meta["val"].shape, node=node)

@@ -1,0 +1,180 @@
+"""Reductions: REDUCE_SUM (int32 in INT), REDUCE_MAX / REDUCE_MIN (on the integers), ARGMAX (int32), variance.
+
+Reduced dims stay in the value's layout as size-1 dims; ``keepdim=False`` then drops them in place.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch.fx import Node
+
+from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr
+from ..tosa_graph import DType, Op, Value, identity
+from . import pool
+from .shape import checks, rank_check, relayout, squeeze_dims, unsqueeze_dim
+
+aten = torch.ops.aten
+REDUCE_ATTR = {
+    Op.REDUCE_SUM: ("ReduceSumAttribute",),
+    Op.REDUCE_MAX: ("ReduceMaxAttribute", NAN_PROPAGATE),
+    Op.REDUCE_MIN: ("ReduceMinAttribute", NAN_PROPAGATE),
+}
+U55_ARGMAX_CHANNELS = 127  # Vela: an Ethos-U55/U65 ARGMAX runs over at most 127 channels
+U55_ARGMAX_POSITIONS = 65536  # ... at up to 65536 positions (W*H)
+ARGMAX_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16)  # int8/16: quantized
+
+
+def reduce_dims(node: Node) -> list[int]:
+    """The torch dims a reduction's ``dim`` argument names (None or [] : every dim)."""
+    rank = node.args[0].meta["val"].dim()
+    dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else []
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % rank for d in dims}) or list(range(rank))
+
+
+def keepdim(node: Node) -> bool:
+    """Whether a reduction keeps its reduced dims (as size 1)."""
+    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+
+
+def reduce(ctx: Lowering, v: Value, op, dims, node: Node) -> Value:
+    """``op`` (a REDUCE_*) over each torch dim in ``dims``; they stay as size-1 dims, in place."""
+    name, *extra = REDUCE_ATTR[op]
+    for d in dims:
+        axis = v.tosa_dim(d)
+        if v.shape[axis] == 1:
+            continue
+        shape = list(v.shape)
+        shape[axis] = 1
+        v = ctx.emit(op, [v], shape, v.dtype, like=v, q=v.q, attr=make_attr(name, axis, *extra), node=node)
+    return v
+
+
+def finish(ctx: Lowering, v: Value, dims, node: Node) -> Value:
+    """Drop the reduced dims unless the op keeps them."""
+    return v if keepdim(node) else squeeze_dims(ctx, v, dims, node)
+
+
+def scale(ctx: Lowering, v: Value, k: float, node: Node) -> Value:
+    """Float ``v * k`` (MUL by a broadcast constant)."""
+    shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
+    return ctx.emit(Op.MUL, [v, ctx.scalar(k, v), shift], v.shape, v.dtype, like=v, node=node)
+
+
+def _float_check(node: Node, spec) -> str | None:
+    if not node.meta["val"].dtype.is_floating_point:
+        return f"{node.target} of integer tensors gives int64, which TOSA lacks"
+    return None
+
+
+@lowers(aten.sum.dim_IntList, check=checks(_float_check))
+def sum_(ctx: Lowering, node: Node) -> Value:
+    """Integers: REDUCE_SUM in int32 (zero point removed), one RESCALE to the output's quantization."""
+    x = ctx.arg(node.args[0])
+    dims = reduce_dims(node)
+    if x.q is None:
+        return finish(ctx, reduce(ctx, x, Op.REDUCE_SUM, dims, node), dims, node)
+    q_out = ctx.q_of(node)
+    acc = reduce(ctx, ctx.rescale(x, 1.0, DType.INT32, x.q.zp, 0, node=node), Op.REDUCE_SUM, dims, node)
+    out = ctx.rescale(acc, x.q.s / q_out.s, int_dtype(q_out), 0, q_out.zp, q=q_out, node=node)
+    return finish(ctx, out, dims, node)
+
+
+def extreme(op):
+    """amax / amin / max / min over dims: REDUCE_MAX or REDUCE_MIN, integers keep their quantization."""
+
+    def rule(ctx: Lowering, node: Node) -> Value:
+        dims = reduce_dims(node)
+        return finish(ctx, reduce(ctx, ctx.arg(node.args[0]), op, dims, node), dims, node)
+
+    return rule
+
+
+lowers(aten.amax.default, aten.max.default, check=rank_check)(extreme(Op.REDUCE_MAX))
+lowers(aten.amin.default, aten.min.default, check=rank_check)(extreme(Op.REDUCE_MIN))
+lowers(aten.mean.default, check=rank_check)(pool.mean)  # mean.dim's rule, over every dim
+
+
+# ------------------------------------------------------------------ arg-max
+
+
+def _argmax_extent(node: Node) -> tuple[int, int]:
+    """(values compared, positions) of an arg-max."""
+    shape = node.args[0].meta["val"].shape
+    dim = node.args[1] if len(node.args) > 1 else None
+    if dim is None:
+        return math.prod(shape), 1
+    return shape[dim], math.prod(shape) // max(shape[dim], 1)
+
+
+def index_result_reason(node: Node, spec) -> str | None:
+    """Why an arg-max cannot run on ``spec``. Its int64 indices are int32 inside the delegate; the
+    program widens them back on the CPU after it."""
+    if node.args[0].meta["val"].dtype not in ARGMAX_INPUTS:
+        return f"arg-max of {node.args[0].meta['val'].dtype} tensors has no TOSA lowering"
+    channels, positions = _argmax_extent(node)
+    if spec.is_u55_subset and (channels > U55_ARGMAX_CHANNELS or positions > U55_ARGMAX_POSITIONS):
+        return (f"arg-max over {channels} values at {positions} positions: Ethos-U55/U65 take at most "
+                f"{U55_ARGMAX_CHANNELS} values at {U55_ARGMAX_POSITIONS} positions")
+    return None
+
+
+@lowers(aten.argmax.default, check=checks(index_result_reason))
+def argmax(ctx: Lowering, node: Node) -> Value:
+    """ARGMAX (int32 indices; int8 order is the real order). On Ethos-U55/U65 the reduced dim goes last
+    and the rest is flattened: Vela runs arg-max over the channels of a batch-1 feature map."""
+    x = ctx.arg(node.args[0])
+    every = len(node.args) < 2 or node.args[1] is None
+    dim = 1 if every else node.args[1]
+    if every:
+        x = ctx.reshape(x, (1, math.prod(x.shape)), node)
+    dim %= x.rank
+    shape = [s for s, d in zip(x.shape, x.order) if d != dim]
+    order = [d - (d > dim) for d in x.order if d != dim]
+    if ctx.spec.is_u55_subset:
+        x = ctx.to_order(x, tuple(d for d in x.order if d != dim) + (dim,))
+        x = relayout(ctx, x, (math.prod(shape), x.shape[-1]), identity(2), node)
+        axis = 1
+    else:
+        axis = x.tosa_dim(dim)
+    out_shape = [s for i, s in enumerate(x.shape) if i != axis]
+    y = ctx.emit(Op.ARGMAX, [x], out_shape, DType.INT32, order=identity(len(out_shape)),
+                 attr=make_attr("ArgMaxAttribute", axis, NAN_PROPAGATE), node=node)
+    y = relayout(ctx, y, shape, order, node)
+    if every:
+        return ctx.reshape(y, node.meta["val"].shape, node)
+    return unsqueeze_dim(ctx, y, dim, node) if keepdim(node) else y
+
+
+# ------------------------------------------------------------------ variance (float; the quantizer decomposes it)
+
+
+def _var_args(node: Node) -> tuple[int, float]:
+    """(element count, correction) of ``var.correction``."""
+    shape = node.args[0].meta["val"].shape
+    correction = node.kwargs.get("correction")
+    return math.prod(shape[d] for d in reduce_dims(node)), float(1 if correction is None else correction)
+
+
+def _var_check(node: Node, spec) -> str | None:
+    count, correction = _var_args(node)
+    if count - correction <= 0:
+        return f"var over {count} elements with correction {correction:g} divides by zero"
+    return None
+
+
+@lowers(aten.var.correction, int=False, u55=False, check=checks(_var_check))
+def var(ctx: Lowering, node: Node) -> Value:
+    """sum((x - sum(x) / N)^2) / (N - correction), in float (for INT the quantizer decomposes var)."""
+    x = ctx.arg(node.args[0])
+    dims = reduce_dims(node)
+    count, correction = _var_args(node)
+    mean = scale(ctx, reduce(ctx, x, Op.REDUCE_SUM, dims, node), 1.0 / count, node)
+    dev = ctx.emit(Op.SUB, [x, mean], x.shape, x.dtype, like=x, node=node)
+    shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
+    sq = ctx.emit(Op.MUL, [dev, dev, shift], x.shape, x.dtype, like=x, node=node)
+    v = scale(ctx, reduce(ctx, sq, Op.REDUCE_SUM, dims, node), 1.0 / (count - correction), node)
+    return finish(ctx, v, dims, node)
