@@ -77,9 +77,10 @@ def source_of(node: Node) -> str | None:
     """'file.py:12' of the user code that created ``node``, when known."""
     stack = node.meta.get("stack_trace") or ""
     frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
+    own = [f for f in frames if "/site-packages/torch/" not in f]  # the user's line, not torch's module code
     if not frames:
         return None
-    text = frames[-1][5:]
+    text = (own or frames)[-1][5:]
     path, _, rest = text.partition(", line ")
     return f"{path.strip(chr(34))}:{rest.split(',')[0]}"
 
