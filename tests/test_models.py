@@ -132,11 +132,14 @@ def test_ethosu_payload_matches_vela_raw_output(mv2, mv2_quantized, tmp_path):
         assert [t.region for t in tensors] == raw[f"{kind}_region"].tolist()
 
 
-def test_float_mv2_on_ethosu_stays_on_cpu_with_reasons(mv2):
-    """A float MobileNetV2 on an Ethos-U target without quantization stays on the CPU, each op explained."""
-    model, inputs = mv2
-    compiled = compile(model, inputs, "ethos-u55-128", quantize=False)
-    assert not compiled.edge.delegates
-    reasons = {p.reason for p in compiled.edge.placements}
-    assert all("runs integers only" in r for r in reasons), reasons
+def test_float_mv2_on_ethosu_is_refused_before_lowering(mv2):
+    """An unquantized MobileNetV2 delegated to an Ethos-U: one error naming the first float node and the
+    ways out, before anything is lowered."""
+    from tosakit.errors import TosakitError
 
+    model, inputs = mv2
+    with pytest.raises(TosakitError) as err:
+        compile(model, inputs, "ethos-u55-128", quantize=False)
+    message = str(err.value)
+    assert "node convolution (aten.convolution.default" in message and "not quantized" in message
+    assert "get_symmetric_a16w8_quantization_config" in message and "without --delegate" in message

@@ -184,15 +184,15 @@ def test_op_u85(harness, name):
     harness.ethosu(module, inputs, "ethos-u85-256")
 
 
-@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
-def test_float_softmax_stays_on_cpu_with_reason(harness, target):
-    """The tutorial's point: a float softmax is refused by the integer-only NPU, and says why."""
-    compiled = harness.compile(Softmax(), _seed_inputs((2, 10)), target, quantize=False)
-    assert not compiled.edge.delegates
-    [placement] = compiled.edge.placements
-    assert placement.placement == "cpu" and placement.node == "_softmax"
-    assert "runs integers only" in placement.reason and "quantize" in placement.reason
-    assert compiled.program.emitted.kernel_ops == ["aten::_softmax.out"]
+def test_float_softmax_runs_on_the_cpu_without_delegation(harness):
+    """The tutorial's point: the integer-only Ethos-U55 cannot take a float softmax; without --delegate
+    it runs on the CPU's portable kernel, and delegating it unquantized is refused with the ways out."""
+    from tosakit.errors import TosakitError
+
+    compiled = harness.compile(Softmax(), _seed_inputs((2, 10)), "ethos-u55-128", quantize=False, delegate=False)
+    assert not compiled.edge.delegates and compiled.program.emitted.kernel_ops == ["aten::_softmax.out"]
+    with pytest.raises(TosakitError, match="runs integers only: the model is not quantized"):
+        harness.compile(Softmax(), _seed_inputs((2, 10)), "ethos-u55-128", quantize=False)
 
 
 def test_quantized_softmax_runs_on_the_npu(harness):

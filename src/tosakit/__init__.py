@@ -35,6 +35,7 @@ from .quantize import (  # noqa: E402
     QuantizationConfig,
     TOSAQuantizer,
     VgfQuantizer,
+    get_symmetric_a16w8_quantization_config,
     get_symmetric_quantization_config,
 )
 from .specs import (  # noqa: E402
@@ -84,6 +85,7 @@ __all__ = [
     "generate_ethosu_compile_spec",
     "generate_tosa_compile_spec",
     "generate_vgf_compile_spec",
+    "get_symmetric_a16w8_quantization_config",
     "get_symmetric_quantization_config",
     "save_pte_program",
     "to_edge",

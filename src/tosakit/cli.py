@@ -45,6 +45,7 @@ class CompileOptions:
     output: str | None = None
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
     debug_info: bool = False
+    int8_io: bool = False
     verify: bool = False
     inputs_file: str | None = None
     random_inputs: bool = False
@@ -101,6 +102,10 @@ def compile_model(opts: CompileOptions) -> CompileRun:
         spec.dump_intermediate_artifacts_to(opts.intermediates)
         Path(opts.intermediates).mkdir(parents=True, exist_ok=True)
     spec.embed_tosa = opts.debug_info
+    if opts.int8_io:
+        if not (opts.quantize and opts.delegate):
+            raise TosakitError("--int8-io needs --quantize and --delegate", "add both, or drop --int8-io")
+        spec.with_int8_io()
     progress.step(f"exporting {name} ({type(model).__name__}) with torch.export")
     quantized = None
     if opts.quantize:
@@ -215,6 +220,11 @@ def summary(output: Path, edge, program, seconds: float) -> str:
         lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{where}")
     if program.emitted.kernel_ops:
         lines.append(f"CPU kernels: {', '.join(program.emitted.kernel_ops)}")
+    for kind, qs in (edge.io_quantization or {}).items():
+        for i, q in enumerate(qs):
+            if q is not None:
+                lines.append(f"{kind[:-1]} {i}: {str(q.dtype).replace('torch.', '')}, scale {q.s:.9g}, zero point {q.zp}"
+                             " (real = (q - zero point) x scale)")
     lines.append(f"wrote {output} ({len(program.buffer) / 1024:.1f} KiB; arena {program.emitted.arena_bytes} B) "
                  f"in {seconds:.1f} s")
     return "\n".join(lines)
@@ -225,7 +235,7 @@ def _cmd_compile(args) -> int:
         model_name=args.model_name, target=args.target, delegate=args.delegate, quantize=args.quantize,
         system_config=args.system_config, memory_mode=args.memory_mode, config_ini=args.config_ini,
         extra_flags=args.extra_flags, intermediates=args.intermediates, output=args.output,
-        input_shapes=args.input_shape or [], debug_info=args.debug_info, verify=args.verify,
+        input_shapes=args.input_shape or [], debug_info=args.debug_info, int8_io=args.int8_io, verify=args.verify,
         inputs_file=args.inputs, random_inputs=args.random, quiet=args.quiet,
     )
     start = time.perf_counter()
@@ -277,6 +287,33 @@ def _cmd_inspect(args) -> int:
 
     program = load(args.pte)
     print(describe(program, Path(args.pte).stat().st_size))
+    return 0
+
+
+def _cmd_accuracy(args) -> int:
+    """Accuracy of a trained zoo model on its held-out data, per quantization scheme."""
+    from .accuracy import measure, table
+    from .zoo import MODELS
+
+    model = MODELS.get(args.model_name)
+    if model is None or model.data is None:
+        trained = [m.name for m in MODELS.values() if m.data is not None]
+        raise TosakitError(f"no held-out data for model {args.model_name!r}",
+                           f"accuracy needs a trained model with its data: {', '.join(trained)}")
+    module, _ = model.factory()
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    rows = measure(module, model.data(), args.target, schemes, args.calibration, args.limit,
+                   layers=bool(args.intermediates))
+    print(f"{args.model_name} on {args.target}, {len(model.data().test_x[:args.limit])} held-out samples, "
+          f"calibrated on {args.calibration}:")
+    print(table(rows))
+    if args.intermediates:
+        from .report import write_accuracy_html
+
+        folder = Path(args.intermediates)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_accuracy_html(folder / "report.html", f"{args.model_name} accuracy on {args.target}", rows)
+        print(f"report: {folder / 'report.html'}")
     return 0
 
 
@@ -345,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="example input shape for a model file without example inputs (repeat per input)")
     c.add_argument("--debug-info", "--debug_info", action="store_true",
                    help="carry each delegate's TOSA inside the .pte (for running it on the host)")
+    c.add_argument("--int8-io", "--int8_io", action="store_true",
+                   help="the program takes and returns quantized integers: no CPU quantize/dequantize around the "
+                        "delegate (firmware feeds int8 directly); the I/O quantization is printed")
     c.add_argument("--verify", action="store_true",
                    help="run the program on the host against float PyTorch and the fake-quantized model "
                         "(per layer too, with -i)")
@@ -362,6 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="describe a .pte: methods, I/O, kernels, delegates, memory")
     i.add_argument("pte")
     i.set_defaults(func=_cmd_inspect)
+    a = sub.add_parser("accuracy", help="quantization accuracy of a trained model: float vs fake-quant vs program")
+    a.add_argument("-m", "--model_name", "--model-name", default="digits", help="a trained zoo model (digits, waves)")
+    a.add_argument("-t", "--target", default="ethos-u55-128")
+    a.add_argument("--schemes", default="int8,int8-per-tensor,a16w8",
+                   help="comma-separated: int8, int8-per-tensor, int8-histogram, int8-percentile, a16w8")
+    a.add_argument("--calibration", type=int, default=64, help="training samples to calibrate on")
+    a.add_argument("--limit", type=int, help="evaluate on at most this many held-out samples")
+    a.add_argument("-i", "--intermediates", metavar="DIR", help="write report.html (with per-layer SNR) here")
+    a.set_defaults(func=_cmd_accuracy)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(func=_cmd_models)
     d = sub.add_parser("demo", help="compile the tutorial models and verify them on the host")

@@ -59,7 +59,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
             calibration: Iterable[tuple] | None = None, additional_checks=None) -> Compiled:
     """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program."""
     spec = target if isinstance(target, ArmCompileSpec) else compile_spec_for_target(target)
-    model = model.eval()
+    if not isinstance(model, GraphModule):  # exported modules refuse .eval(); they are already traced
+        model = model.eval()
     quantized = quantize_model(model, example_inputs, spec, config, calibration) if quantize else None
     ep = export(quantized if quantized is not None else model, example_inputs)
     partitioners = [partitioner_for(spec, additional_checks)] if delegate else []

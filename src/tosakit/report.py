@@ -70,6 +70,17 @@ def cycles_plot(per_op) -> str | None:
     return png
 
 
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}")
+
+
+def _write_page(path: Path, title: str, parts: list[str]) -> None:
+    """One self-contained HTML page, written atomically."""
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+    write_atomic(path, page.encode())
+
+
 def _table(headers, rows) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -153,8 +164,31 @@ def write_html(path: Path, title: str, edge, program=None, verification=None) ->
                 [[lay.delegate, lay.node, lay.target, "x".join(map(str, lay.shape)), _fmt(lay.steps_off),
                   _fmt(lay.rel_error), _fmt(lay.vs_float.snr_db if lay.vs_float else None), lay.matches]
                  for lay in verification.layers]))
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}")
-    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>" \
-           f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
-    write_atomic(path, page.encode())
+    _write_page(path, title, parts)
+
+
+def write_accuracy_html(path: Path, title: str, rows) -> None:
+    """Accuracy per scheme, and SNR against float per layer for each scheme (one line each)."""
+    parts = [f"<h1>{html.escape(title)}</h1>", _table(
+        ["scheme", "float %", "fake-quantized %", "program %", "points lost", "output SNR dB", "CPU ops"],
+        [[r.scheme, f"{r.float_accuracy:.2f}", f"{r.fake_quant_accuracy:.2f}", f"{r.program_accuracy:.2f}",
+          f"{r.loss:.2f}", _fmt(r.output_snr_db), r.cpu_ops] for r in rows])]
+    with_layers = [r for r in rows if r.layers is not None and r.layers.layers]
+    if with_layers:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7.0, 3.2))
+        for r in with_layers:
+            ys = [min(lay.vs_float.snr_db, 100.0) for lay in r.layers.layers if lay.vs_float is not None]
+            ax.plot(range(len(ys)), ys, marker=".", label=r.scheme)
+        ax.set_xlabel("layer (graph order)")
+        ax.set_ylabel("SNR against float (dB)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        parts.append("<h2>Where accuracy is lost</h2>"
+                     f'<img alt="SNR per layer per scheme" src="data:image/png;base64,{_png(fig)}">')
+        plt.close(fig)
+    _write_page(path, title, parts)

@@ -191,6 +191,12 @@ class ArmCompileSpec:
         self.embed_tosa = enabled
         return self
 
+    def with_int8_io(self, enabled: bool = True):
+        """The program takes and returns the quantized integers (int8, or int16 with a16w8) instead of
+        float: no CPU quantize/dequantize around the delegate, firmware feeds the NPU directly."""
+        self.preserve_io_quantization = enabled
+        return self
+
     def dump_debug_info(self, debug_mode: DebugMode | None):
         """Write extra debug information into the intermediates folder."""
         self.tosa_debug_mode = debug_mode

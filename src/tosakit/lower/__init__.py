@@ -17,7 +17,7 @@ from ..partition import DelegationSpec, Partitioner, PartitionResult
 from ..specs import ArmCompileSpec, TosaSpecification
 from . import rules  # noqa: F401  (fills the rule table)
 from .lowering import RULES, LoweredGraph, OpSupport, lower_graph, support_reason
-from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, run
+from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, quantized_io, run
 
 __all__ = [
     "RULES",
@@ -26,6 +26,7 @@ __all__ = [
     "TOSAPartitioner",
     "lower_partition",
     "prepare_program",
+    "quantized_io",
     "support_reason",
 ]
 

@@ -18,10 +18,10 @@ from torch.fx import GraphModule, Node
 
 from ..errors import TosakitError, UnsupportedOpError
 from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
-from ..quantize.qdq import INDEX_RESULT_OPS, QParams, is_dequantize, is_integer_node, is_quantize
+from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequantize, is_integer_node, is_quantize
 from ..specs import TosaSpecification
-from .tosa_graph import (NHWC, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity, make_attr,
-                         quantize_multiplier)
+from .tosa_graph import (NHWC, NUMPY_OF, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity,
+                         make_attr, quantize_multiplier)
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
 
@@ -33,6 +33,7 @@ class OpSupport:
     int: bool = True
     fp: bool = True
     u55: bool = True
+    int16: bool = False  # lowers int16 activations (a16w8) too
     check: Check | None = None
     note: str = ""
 
@@ -150,6 +151,8 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
         return why
     if spec.is_u55_subset and not s.u55:
         return f"{node.target} is outside the Ethos-U55/U65 TOSA subset"
+    if not s.int16 and integer_dtype(node) == torch.int16:
+        return f"{node.target} has no int16 (a16w8) lowering yet: quantize it with int8 activations"
     return s.check(node, spec) if s.check else None
 
 
@@ -278,13 +281,15 @@ class Lowering:
                 node: Node | None = None) -> Value:
         """RESCALE ``v`` by a real ``scale`` (a float, or one per channel along the last TOSA dim)."""
         scales = np.atleast_1d(np.asarray(scale, dtype=np.float64))
-        pairs = [quantize_multiplier(float(s)) for s in scales]
+        scale32 = v.dtype != DType.INT48  # a 48-bit input takes a 16-bit multiplier
+        pairs = [quantize_multiplier(float(s), scale32) for s in scales]
         per_channel = len(pairs) > 1
-        mult = self.g.const(np.array([m for m, _ in pairs], dtype=np.int32), DType.INT32)
+        mult_dtype = DType.INT32 if scale32 else DType.INT16
+        mult = self.g.const(np.array([m for m, _ in pairs], dtype=NUMPY_OF[mult_dtype]), mult_dtype)
         shift = self.g.const(np.array([s for _, s in pairs], dtype=np.int8), DType.INT8)
         izp = self.g.zero_point(in_zp, v.dtype)
         ozp = self.g.zero_point(out_zp, out_dtype)
-        attr = make_attr("RescaleAttribute", True, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
+        attr = make_attr("RescaleAttribute", scale32, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
         return self.emit(Op.RESCALE, [v, mult, shift, izp, ozp], v.shape, out_dtype, like=v, q=q, attr=attr,
                          node=node)
 
@@ -376,6 +381,11 @@ NAN_PROPAGATE = ts.NanPropagationMode.PROPAGATE
 def int_dtype(q: QParams):
     """The TOSA integer type of a quantized tensor."""
     return {torch.int8: DType.INT8, torch.int16: DType.INT16, torch.int32: DType.INT32}[q.dtype]
+
+
+def accumulator(x: Value):
+    """The accumulator of a convolution or matmul over ``x``: int32 for int8, int48 for int16, else float."""
+    return {DType.INT8: DType.INT32, DType.INT16: DType.INT48}.get(x.dtype, x.dtype)
 
 
 def tosa_dtype(dtype: torch.dtype):

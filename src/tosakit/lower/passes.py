@@ -266,6 +266,35 @@ def fold_quantize_dequantize(gm: GraphModule) -> GraphModule:
     return _finish(gm)
 
 
+def quantized_io(gm: GraphModule) -> GraphModule:
+    """The program takes and returns integers: drop the quantize after each input, the dequantize before
+    each output, and record their parameters in ``gm.meta['io_quantization']``."""
+    io = {"inputs": [], "outputs": []}
+    for node in [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        users = list(node.users)
+        if not users or not all(is_quantize(u) and u.args[1:] == users[0].args[1:] for u in users):
+            io["inputs"].append(None)
+            continue
+        q = qparams_of(users[0], gm)
+        node.meta["val"] = node.meta["val"].to(q.dtype)
+        for u in users:
+            u.replace_all_uses_with(node)
+            gm.graph.erase_node(u)
+        io["inputs"].append(q)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = []
+    for value in out.args[0]:
+        if is_dequantize(value) and len(value.users) == 1:
+            io["outputs"].append(qparams_of(value, gm))
+            results.append(value.args[0])
+        else:
+            io["outputs"].append(None)
+            results.append(value)
+    out.args = (tuple(results),)
+    gm.meta["io_quantization"] = io
+    return _finish(gm)
+
+
 # What runs before partitioning (whole program) and inside each partition before lowering.
 PROGRAM_PIPELINE = [remove_noops, remove_requantize_noops, remove_safe_softmax_guard, fold_batch_norm,
                     requantize_around_data_movement, duplicate_dequantize]

@@ -29,6 +29,7 @@ NUMPY_OF = {
     DType.INT8: np.int8,
     DType.INT16: np.int16,
     DType.INT32: np.int32,
+    DType.INT48: np.int64,
     DType.BOOL: np.bool_,
     DType.SHAPE: np.int64,
 }

@@ -22,7 +22,7 @@ from torch.fx.passes.tools_common import legalize_graph
 from ..backends import PreparedDelegate, prepare_delegate
 from ..capture import PRESERVED_OPS, CapturedProgram, capture
 from ..errors import TosakitError, write_atomic
-from ..lower import prepare_program
+from ..lower import prepare_program, quantized_io
 from ..lower.tosa_graph import DType
 from ..partition import NodePlacement
 from ..partition.partitioner import TAG_KEY, extract_subgraph
@@ -109,6 +109,11 @@ class EdgeProgramManager:
         """The lowered graph (``.graph_module``, ``.graph``); printing shows every call."""
         return self.program
 
+    @property
+    def io_quantization(self) -> dict | None:
+        """With integer I/O: the quantization of each input and output (None where it stayed float)."""
+        return self.program.graph_module.meta.get("io_quantization")
+
     def to_backend(self, partitioner) -> "EdgeProgramManager":
         """Partition and lower with one more partitioner."""
         for p in partitioner if isinstance(partitioner, (list, tuple)) else [partitioner]:
@@ -190,6 +195,8 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
     partitioners = list(partitioner) if isinstance(partitioner, (list, tuple)) else ([partitioner] if partitioner else [])
     captured = capture(programs, _preserved(partitioners))
     gm = prepare_program(captured.graph_module)
+    if any(getattr(getattr(p, "compile_spec", None), "preserve_io_quantization", False) for p in partitioners):
+        gm = quantized_io(gm)
     for p in transform_passes or []:
         gm = p(gm) or gm
     captured.graph_module = gm

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 from torchao.quantization.pt2e.observer import (
+    HistogramObserver,
     MinMaxObserver,
     PerChannelMinMaxObserver,
 )
@@ -13,6 +14,7 @@ from torchao.quantization.pt2e.fake_quantize import FakeQuantize
 from torchao.quantization.pt2e.quantizer import DerivedQuantizationSpec, QuantizationSpec
 
 INT8_ACT = (-128, 127)
+INT16_ACT = (-32767, 32767)  # symmetric: TOSA's int16 activations have zero point 0
 INT8_WEIGHT = (-127, 127)  # symmetric: -128 unused so the range is balanced
 INT32_BIAS = (-(2**31), 2**31 - 1)
 
@@ -66,6 +68,45 @@ def _bias_qparams(observers) -> tuple[torch.Tensor, torch.Tensor]:
     return scale, torch.zeros_like(scale, dtype=torch.int32)
 
 
+class PercentileObserver(MinMaxObserver):
+    """Range from the 0.01th to the 99.99th percentile of what it sees: outliers are clipped."""
+
+    SAMPLE = 1 << 20  # values kept per batch for the percentile estimate
+
+    def __init__(self, *args, percentile: float = 99.99, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.percentile = percentile
+
+    def forward(self, x_orig):
+        if x_orig.numel() == 0:
+            return x_orig
+        x = x_orig.detach().float().flatten()
+        if x.numel() > self.SAMPLE:
+            x = x[torch.randint(0, x.numel(), (self.SAMPLE,), generator=torch.Generator().manual_seed(0))]
+        q = torch.tensor([1 - self.percentile / 100, self.percentile / 100])
+        lo, hi = torch.quantile(x, q)
+        self.min_val.copy_(torch.minimum(self.min_val, lo))
+        self.max_val.copy_(torch.maximum(self.max_val, hi))
+        return x_orig
+
+
+# How activation ranges are calibrated: min/max, an MSE-optimal histogram search, or percentiles.
+OBSERVERS = {
+    "minmax": MinMaxObserver,
+    "histogram": HistogramObserver,
+    "percentile": PercentileObserver,
+}
+
+
+def _activation_observer(observer: str):
+    try:
+        return OBSERVERS[observer].with_args(eps=2.0**-12)
+    except KeyError:
+        from ..errors import TosakitError
+
+        raise TosakitError(f"unknown observer {observer!r}", f"choose one of: {', '.join(OBSERVERS)}") from None
+
+
 def get_symmetric_quantization_config(
     is_per_channel: bool = True,
     is_qat: bool = False,
@@ -74,8 +115,13 @@ def get_symmetric_quantization_config(
     act_qmax: int = INT8_ACT[1],
     weight_qmin: int = INT8_WEIGHT[0],
     weight_qmax: int = INT8_WEIGHT[1],
+    observer: str = "minmax",
 ) -> QuantizationConfig:
-    """int8 symmetric weights (per channel by default), int8 asymmetric activations, int32 bias."""
+    """int8 symmetric weights (per channel by default), int8 asymmetric activations, int32 bias.
+
+    ``observer`` picks how activation ranges are calibrated: "minmax", "histogram" (the range that
+    minimises quantization error, searched over a histogram) or "percentile" (99.99th).
+    """
     if is_dynamic:
         from ..errors import TosakitError
 
@@ -83,10 +129,10 @@ def get_symmetric_quantization_config(
             "dynamic activation quantization is not supported by tosakit's Arm targets",
             "call get_symmetric_quantization_config(is_dynamic=False)",
         )
-    act_observer = MinMaxObserver.with_args(eps=2.0**-12)
+    act_observer = _activation_observer(observer)
     weight_observer = (PerChannelMinMaxObserver if is_per_channel else MinMaxObserver).with_args(eps=2.0**-12)
     if is_qat:  # the spec supplies dtype, range, qscheme and channel axis to the fake-quant
-        act_observer = FakeQuantize.with_args(observer=MinMaxObserver, eps=2.0**-12)
+        act_observer = FakeQuantize.with_args(observer=OBSERVERS[observer], eps=2.0**-12)
         weight_observer = FakeQuantize.with_args(
             observer=PerChannelMinMaxObserver if is_per_channel else MinMaxObserver, eps=2.0**-12
         )
@@ -106,3 +152,31 @@ def get_symmetric_quantization_config(
         ch_axis=0 if is_per_channel else None,
     )
     return QuantizationConfig(input_activation=act, output_activation=act, weight=weight)
+
+
+def get_symmetric_a16w8_quantization_config(is_per_channel: bool = True, is_qat: bool = False,
+                                           observer: str = "minmax") -> QuantizationConfig:
+    """16x8: int16 symmetric activations, int8 symmetric weights (per channel by default), int32 bias.
+
+    Ethos-U55/U65/U85 run convolutions and matmuls on int16 activations (TOSA's int16 extension);
+    the extra 8 bits of activation resolution recover most of what int8 loses on sensitive layers.
+    """
+    base = get_symmetric_quantization_config(is_per_channel=is_per_channel, is_qat=is_qat, observer=observer)
+    act = QuantizationSpec(
+        dtype=torch.int16,
+        observer_or_fake_quant_ctr=base.input_activation.observer_or_fake_quant_ctr,
+        quant_min=INT16_ACT[0],
+        quant_max=INT16_ACT[1],
+        qscheme=torch.per_tensor_symmetric,
+    )
+    return QuantizationConfig(input_activation=act, output_activation=act, weight=base.weight)
+
+
+# The schemes ``tosakit accuracy`` compares, by name.
+SCHEMES = {
+    "int8": lambda: get_symmetric_quantization_config(is_per_channel=True),
+    "int8-per-tensor": lambda: get_symmetric_quantization_config(is_per_channel=False),
+    "int8-histogram": lambda: get_symmetric_quantization_config(observer="histogram"),
+    "int8-percentile": lambda: get_symmetric_quantization_config(observer="percentile"),
+    "a16w8": lambda: get_symmetric_a16w8_quantization_config(),
+}

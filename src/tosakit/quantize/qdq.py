@@ -183,3 +183,14 @@ def is_integer_node(node: Node) -> bool:
         producer = inputs[0]
         return fused_activation_of(producer) is node and is_integer_node(producer)
     return False
+
+
+def integer_dtype(node: Node) -> torch.dtype | None:
+    """The integer type a quantized op computes on: that of the dequantize feeding it or the quantize after it."""
+    near = [a for a in node.all_input_nodes if is_dequantize(a)] + [u for u in node.users if is_quantize(u)]
+    for n in near:
+        q = qparams_of(n) if not any(isinstance(a, Node) for a in n.args[1:3]) else None
+        if q is not None:
+            return q.dtype
+    q = node.meta.get("tosakit_q")
+    return q.dtype if q is not None else None

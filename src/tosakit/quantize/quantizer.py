@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from typing import Callable, Iterable
 
 import torch
@@ -719,9 +720,20 @@ class TOSAQuantizer(Quantizer):
         self.global_config = quantization_config
         return self
 
-    def set_io(self, quantization_config: QuantizationConfig | None) -> "TOSAQuantizer":
-        """Config for the model's input and output activations."""
+    def set_io(self, quantization_config: QuantizationConfig | None, integer_io: bool = False) -> "TOSAQuantizer":
+        """Config for the model's input and output activations; ``integer_io=True`` also makes the program
+        take and return those integers (the shared compile spec's ``with_int8_io()``), so firmware feeds the
+        delegate directly with no CPU quantize/dequantize around it."""
         self.io_config = quantization_config
+        if integer_io:
+            if self.compile_spec is None:
+                raise TosakitError("set_io(..., integer_io=True) needs the quantizer built from a compile spec",
+                                   "pass the EthosUCompileSpec/VgfCompileSpec you give the partitioner, or call "
+                                   "compile_spec.with_int8_io() yourself")
+            if quantization_config is None:
+                raise TosakitError("set_io(None, integer_io=True): float I/O cannot be integer",
+                                   "give set_io a quantization config, e.g. get_symmetric_quantization_config()")
+            self.compile_spec.with_int8_io()
         return self
 
     def set_module_name(self, module_name: str, quantization_config: QuantizationConfig | None) -> "TOSAQuantizer":
@@ -789,21 +801,61 @@ class TOSAQuantizer(Quantizer):
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 
         prepared = (prepare_qat_pt2e if is_qat else prepare_pt2e)(model, self)
-        seen = 0
-        for sample in calibration_samples:
-            prepared(*(sample if isinstance(sample, (tuple, list)) else (sample,)))
-            seen += 1
-        if seen == 0:
-            raise TosakitError("quantize_with_submodules got no calibration samples",
-                               "pass a non-empty list of input tuples")
+        calibrate(prepared, calibration_samples)
         return convert_pt2e(prepared)
+
+
+def _is_weight(node: Node, inp: Node) -> bool:
+    """``inp`` is the weight operand of a convolution or linear ``node``."""
+    return len(node.args) > 1 and node.args[1] is inp
+
+
+def calibrate(prepared: GraphModule, samples: Iterable, progress: bool | None = None) -> int:
+    """Run ``prepared`` on every sample (a tuple of inputs, a tensor, or a DataLoader batch whose first
+    entries are the inputs), with a progress bar on a terminal. Returns how many samples ran."""
+    from tqdm import tqdm
+
+    arity = sum(1 for n in prepared.graph.nodes if n.op == "placeholder")
+    total = len(samples) if hasattr(samples, "__len__") else None
+    show = sys.stderr.isatty() if progress is None else progress
+    seen = 0
+    with torch.no_grad():
+        for sample in tqdm(samples, desc="calibrating", total=total, disable=not show, unit="sample", leave=False):
+            inputs = tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)
+            prepared(*inputs[:arity])
+            seen += 1
+    if seen == 0:
+        raise TosakitError("calibration got no samples", "pass a non-empty list of input tuples or a DataLoader")
+    return seen
 
 
 class EthosUQuantizer(TOSAQuantizer):
     """Quantizer for Ethos-U targets (integer only: everything must be quantized)."""
 
+    # what the NPU multiplies: int8 weights with int8 or int16 activations
+    WEIGHTS = (torch.int8,)
+    ACTIVATIONS = (torch.int8, torch.int16)
+
     def __init__(self, compile_spec: EthosUCompileSpec):
         super().__init__(require_spec(compile_spec, EthosUCompileSpec, "EthosUQuantizer"))
+
+    def validate(self, model: GraphModule) -> None:
+        """Refuse, before anything is lowered, a quantization the NPU cannot run."""
+        for node in model.graph.nodes:
+            ann = node.meta.get(ANNOTATION_KEY)
+            if ann is None:
+                continue
+            for inp, spec in ann.input_qspec_map.items():
+                dtype = getattr(spec, "dtype", None)
+                allowed = self.WEIGHTS if inp.op in ("get_attr", "placeholder") and dtype != torch.int32 and \
+                    _is_weight(node, inp) else self.ACTIVATIONS + (torch.int32,)
+                if dtype is not None and dtype not in allowed:
+                    raise TosakitError(
+                        f"node {node.name} ({node.target}) is configured with {dtype} "
+                        f"{'weights' if allowed == self.WEIGHTS else 'activations'}, which "
+                        f"{self.compile_spec.target} cannot run",
+                        "use get_symmetric_quantization_config() (int8) or get_symmetric_a16w8_quantization_config() "
+                        "(int16 activations, int8 weights)")
 
 
 class VgfQuantizer(TOSAQuantizer):

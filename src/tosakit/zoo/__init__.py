@@ -12,16 +12,18 @@ from typing import Callable
 import torch
 
 from ..errors import TosakitError, did_you_mean
-from . import audio, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, transformer, tutorial
+from . import audio, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, trained, transformer, tutorial
 
 
 @dataclass(frozen=True)
 class ZooModel:
-    """A named model: a factory returning ``(module, example_inputs)`` and a one-line description."""
+    """A named model: a factory returning ``(module, example_inputs)``, a one-line description, and for
+    trained models the data they were trained on (train and held-out split)."""
 
     name: str
     factory: Callable[[], tuple[torch.nn.Module, tuple]]
     description: str
+    data: Callable[[], trained.Split] | None = None
 
 
 MODELS: dict[str, ZooModel] = {
@@ -38,6 +40,10 @@ MODELS: dict[str, ZooModel] = {
         ZooModel("lstm", recurrent.build, "LSTM keyword spotter (49 frames x 40 features, 64 hidden)"),
         ZooModel("unet", segmentation.build, "small U-Net segmentation (64x64): upsample, skip concatenation"),
         ZooModel("audio1d", audio.build, "1-D conv keyword spotter (40 MFCC x 98 frames): depthwise conv1d"),
+        ZooModel("digits", trained.digits, "small CNN trained (in seconds) on scikit-learn's 8x8 digits",
+                 trained.digits_data),
+        ZooModel("waves", trained.waves, "1-D conv net trained on synthetic noisy waveforms (5 classes)",
+                 trained.waves_data),
     )
 }
 

@@ -52,8 +52,9 @@ class MobileNetV2(nn.Module):
 
 
 def build(seed: int = 0) -> tuple[nn.Module, tuple]:
-    """Seeded random weights (torchvision's init), batch-norm statistics from random images."""
+    """Seeded random weights (torchvision's init, trained-like spread of channel gains), batch-norm
+    statistics from random images."""
     torch.manual_seed(seed)
     model = MobileNetV2()
-    init_weights(model, seed, torch.randn(8, 3, 224, 224), linear_std=0.01)
+    init_weights(model, seed, torch.randn(8, 3, 224, 224), linear_std=0.01, channel_gain_spread=1.0)
     return model, (torch.randn(1, 3, 224, 224),)

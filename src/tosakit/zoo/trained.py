@@ -69,7 +69,7 @@ def waves_data(seed: int = 0, per_class: int = 300, length: int = 128) -> Split:
                 x = np.sin(2 * np.pi * (f * t + 8 * t * t) + phase)
             else:
                 x = (rng.random(length) < 0.08) * rng.uniform(-1, 1, length) * 3
-            xs.append(x + rng.normal(0, 0.3, length))
+            xs.append(x + rng.normal(0, 1.0, length))
             ys.append(label)
     return _split(np.stack(xs)[:, None], np.array(ys), seed)
 

@@ -10,9 +10,11 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ...errors import TosakitError
 from ...lower import LoweredGraph, TOSAPartitioner, lower_partition
+from ...lower.lowering import computes_in_float
 from ...lower.tosa_graph import is_float, isolate
 from ...partition import PartitionResult
-from ...partition.partitioner import extract_subgraph
+from ...partition.partitioner import extract_subgraph, source_of
+from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
 from .. import PreprocessResult, backend, prepare_delegate
 from .payload import EthosUPayload, pack_payload, parse_payload
@@ -59,6 +61,20 @@ def preprocess(lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
                              "vela_summary.txt": result.report.summary().encode()})
 
 
+def _refuse_float_program(gm, spec: EthosUCompileSpec) -> None:
+    """Ethos-U runs integers only: a model that was never quantized is refused before lowering."""
+    if any(is_quantize(n) or is_dequantize(n) for n in gm.graph.nodes):
+        return  # quantized (a float op left between is reported, and runs on the CPU)
+    node = next((n for n in gm.graph.nodes if n.op == "call_function" and computes_in_float(n)), None)
+    if node is not None:
+        raise TosakitError(
+            f"node {node.name} ({node.target}{', ' + source_of(node) if source_of(node) else ''}) computes in "
+            f"float, and {spec.target} runs integers only: the model is not quantized",
+            "quantize it (--quantize; EthosUQuantizer with get_symmetric_quantization_config() or "
+            "get_symmetric_a16w8_quantization_config()), or compile without --delegate to run it on the CPU, "
+            "or choose the vgf or TOSA-1.0+FP target")
+
+
 class EthosUPartitioner(TOSAPartitioner):
     """Partitions subgraphs the Ethos-U NPU runs (integers only, within Vela's limits).
 
@@ -78,6 +94,7 @@ class EthosUPartitioner(TOSAPartitioner):
         return self._refused.get(node.name)
 
     def partition(self, program) -> PartitionResult:
+        _refuse_float_program(program.graph_module, self.compile_spec)
         self._refused = {}
         for _ in range(self.MAX_ROUNDS):
             result = super().partition(program)

@@ -8,7 +8,7 @@ import torch
 from torch.fx import Node
 
 from ...quantize.qdq import QParams
-from ..lowering import Lowering, is_constant, int_dtype, lowers, make_attr, tosa_pads
+from ..lowering import Lowering, accumulator, is_constant, int_dtype, lowers, make_attr, tosa_pads
 from ..tosa_graph import NHWC, DType, Op, Value
 
 aten = torch.ops.aten
@@ -42,7 +42,7 @@ def _weight_check(node: Node, spec) -> str | None:
 
 
 def _requant(ctx: Lowering, acc: Value, in_scale: float, w_scale, node: Node) -> Value:
-    """int32 accumulator -> output integers, with any fused activation clamp."""
+    """The accumulator (int32, or int48 for int16 activations) -> output integers, with any fused clamp."""
     q_out: QParams = ctx.q_of(node)
     scales = in_scale * np.atleast_1d(np.asarray(w_scale, dtype=np.float64)) / q_out.s
     out = ctx.rescale(acc, scales if scales.size > 1 else float(scales[0]), int_dtype(q_out), 0, q_out.zp,
@@ -50,17 +50,20 @@ def _requant(ctx: Lowering, acc: Value, in_scale: float, w_scale, node: Node) ->
     return ctx.fused_clamp(out, node)
 
 
-def _bias(ctx: Lowering, b: torch.Tensor | None, oc: int, in_scale: float | None, w_scale) -> str:
-    """The bias tensor: int32 in INT (quantized with in_scale x weight scale), float in FP."""
+def _bias(ctx: Lowering, b: torch.Tensor | None, oc: int, in_scale: float | None, w_scale, acc=DType.INT32) -> str:
+    """The bias tensor in the accumulator's type: integers quantized with in_scale x weight scale (int32,
+    or int48 beside int16 activations), float in FP."""
     if in_scale is None:
         arr = np.zeros(oc, np.float32) if b is None else b.float().numpy()
         return ctx.g.const(arr, DType.FP32)
     if b is None:
-        return ctx.g.const(np.zeros(oc, np.int32), DType.INT32)
-    if b.dtype == torch.int32:  # already quantized by the quantizer (scale = input x weight)
-        return ctx.g.const(b.numpy(), DType.INT32)
-    scale = in_scale * np.broadcast_to(np.asarray(w_scale, dtype=np.float64), (oc,))
-    return ctx.g.const(np.clip(np.round(b.double().numpy() / scale), -(2**31), 2**31 - 1).astype(np.int32), DType.INT32)
+        values = np.zeros(oc, np.int64)
+    elif b.dtype == torch.int32:  # already quantized by the quantizer (scale = input x weight)
+        values = b.numpy().astype(np.int64)
+    else:
+        scale = in_scale * np.broadcast_to(np.asarray(w_scale, dtype=np.float64), (oc,))
+        values = np.clip(np.round(b.double().numpy() / scale), -(2**31), 2**31 - 1).astype(np.int64)
+    return ctx.g.const(values, acc)
 
 
 def _weight_scale(node: Node, lo: int, hi: int):
@@ -106,8 +109,8 @@ def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tens
     else:  # OIHW -> OHWI
         w_np = w_np.transpose(0, 2, 3, 1)
     weight = ctx.g.const(np.ascontiguousarray(w_np), DType.INT8 if integer else DType.FP32)
-    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale)
-    acc_type = DType.INT32 if integer else DType.FP32
+    acc_type = accumulator(x) if integer else DType.FP32
+    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale, acc_type)
     zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
     kind = "DepthwiseConv2dAttribute" if depthwise else "Conv2dAttribute"
     attr = make_attr(kind, pads, list(stride), list(dilation), False, acc_type)
@@ -148,9 +151,9 @@ def _transpose_conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: t
     w_scale = _weight_scale(node, 0, oc)
     integer = w_scale is not None
     weight = ctx.g.const(np.ascontiguousarray(w.numpy().transpose(1, 2, 3, 0)), weight_dtype(integer))  # IOHW -> OHWI
-    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale)
+    acc_type = accumulator(x) if integer else DType.FP32
+    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale, acc_type)
     out_pad = [-pad[0], -pad[0] + output_padding[0], -pad[1], -pad[1] + output_padding[1]]
-    acc_type = DType.INT32 if integer else DType.FP32
     zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
     attr = make_attr("TransposeConv2dAttribute", out_pad, list(stride), False, acc_type)
     shape = (out_nchw[0], out_nchw[2], out_nchw[3], oc)
@@ -160,7 +163,7 @@ def _transpose_conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: t
     return ctx.fused_clamp(acc, node)
 
 
-@lowers(aten.convolution.default, check=_conv_check)
+@lowers(aten.convolution.default, int16=True, check=_conv_check)
 def convolution(ctx: Lowering, node: Node) -> Value:
     x_node, w_node, b_node, stride, pad, dilation, transposed, output_padding, groups = node.args
     x = ctx.arg(x_node)
@@ -178,7 +181,7 @@ def convolution(ctx: Lowering, node: Node) -> Value:
     return _conv2d(ctx, node, x, w, b, tuple(stride), tuple(pad), tuple(dilation), groups, out)
 
 
-@lowers(aten.linear.default, check=_weight_check)
+@lowers(aten.linear.default, int16=True, check=_weight_check)
 def linear(ctx: Lowering, node: Node) -> Value:
     """A 1x1 CONV2D over [rows, 1, 1, in_features]: the form Vela runs as a fully connected layer."""
     x_node, w_node = node.args[0], node.args[1]

@@ -20,6 +20,7 @@ from ..tosa_graph import TORCH_TO_TOSA, DType, Op, Value, is_float, make_attr
 
 aten = torch.ops.aten
 ADD_SHIFT = 20  # headroom bits when int8 operands meet in int32
+ADD_SHIFT_INT16 = 15  # int16 operands: 16 + 15 bits, and their sum, still fit in int32
 BOOL_RESULT = {Op.EQUAL, Op.GREATER, Op.GREATER_EQUAL, Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR,
                Op.LOGICAL_NOT}
 ATTRS = {Op.MAXIMUM: make_attr("MaximumAttribute", NAN_PROPAGATE),
@@ -121,7 +122,8 @@ def _add_sub(ctx: Lowering, node: Node, op) -> Value:
     if q_out is None:
         return ctx.fused_clamp(ctx.emit(op, [a, b], shape, a.dtype, like=a, node=node), node)
     # both operands to int32 on a shared fine scale, add, then one rescale to the output
-    common = 2 * max(a.q.s, b.q.s) / (1 << ADD_SHIFT)
+    headroom = ADD_SHIFT if DType.INT16 not in (a.dtype, b.dtype) else ADD_SHIFT_INT16
+    common = 2 * max(a.q.s, b.q.s) / (1 << headroom)
     a32 = ctx.rescale(a, a.q.s / common, DType.INT32, a.q.zp, 0)
     b32 = ctx.rescale(b, b.q.s / common, DType.INT32, b.q.zp, 0)
     acc = ctx.emit(op, [a32, b32], shape, DType.INT32, like=a, node=node)
@@ -129,17 +131,17 @@ def _add_sub(ctx: Lowering, node: Node, op) -> Value:
     return ctx.fused_clamp(out, node)
 
 
-@lowers(aten.add.Tensor, check=_alpha_check)
+@lowers(aten.add.Tensor, int16=True, check=_alpha_check)
 def add(ctx: Lowering, node: Node) -> Value:
     return _add_sub(ctx, node, Op.ADD)
 
 
-@lowers(aten.sub.Tensor, check=_alpha_check)
+@lowers(aten.sub.Tensor, int16=True, check=_alpha_check)
 def sub(ctx: Lowering, node: Node) -> Value:
     return _add_sub(ctx, node, Op.SUB)
 
 
-@lowers(aten.mul.Tensor)
+@lowers(aten.mul.Tensor, int16=True)
 def mul(ctx: Lowering, node: Node) -> Value:
     a, b = _operands(ctx, node)
     shape = _out_shape(a, b)
@@ -318,19 +320,19 @@ def _clamp_rule(ctx: Lowering, node: Node, lo: float | None, hi: float | None) -
     return ctx.clamp(x.with_(q=q_out), *quantized_bounds(q_out, lo, hi), node=node)
 
 
-@lowers(aten.relu.default)
+@lowers(aten.relu.default, int16=True)
 def relu(ctx: Lowering, node: Node) -> Value:
     return _clamp_rule(ctx, node, 0.0, None)
 
 
-@lowers(aten.hardtanh.default)
+@lowers(aten.hardtanh.default, int16=True)
 def hardtanh(ctx: Lowering, node: Node) -> Value:
     lo = node.args[1] if len(node.args) > 1 else -1.0
     hi = node.args[2] if len(node.args) > 2 else 1.0
     return _clamp_rule(ctx, node, float(lo), float(hi))
 
 
-@lowers(aten.clamp.default)
+@lowers(aten.clamp.default, int16=True)
 def clamp(ctx: Lowering, node: Node) -> Value:
     lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
     hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")

@@ -40,7 +40,7 @@ def _avg_pool(ctx: Lowering, node: Node, x: Value, kernel, stride, pads, out_nch
     return y
 
 
-@lowers(aten.mean.dim)
+@lowers(aten.mean.dim, int16=True)
 def mean(ctx: Lowering, node: Node) -> Value:
     x = ctx.arg(node.args[0])
     out = tuple(node.meta["val"].shape)
@@ -100,7 +100,7 @@ def _explicit_pads(ctx: Lowering, x: Value, pads: list[int], materialize: bool) 
     return x, [0, 0, 0, 0]
 
 
-@lowers(aten.avg_pool2d.default, check=_avg_pool_check)
+@lowers(aten.avg_pool2d.default, int16=True, check=_avg_pool_check)
 def avg_pool2d(ctx: Lowering, node: Node) -> Value:
     """AVG_POOL2D; padding that torch counts (count_include_pad, the default) becomes an explicit PAD, so
     the pool itself is unpadded (Ethos-U55 then allows kernels beyond 8x8)."""
@@ -132,7 +132,7 @@ def _adaptive_window(node: Node) -> list[int]:
     return [int(s) // int(o) for s, o in zip(size, node.args[1])]
 
 
-@lowers(aten._adaptive_avg_pool2d.default, check=_adaptive_check)
+@lowers(aten._adaptive_avg_pool2d.default, int16=True, check=_adaptive_check)
 def adaptive_avg_pool2d(ctx: Lowering, node: Node) -> Value:
     window = _adaptive_window(node)
     return _avg_pool(ctx, node, ctx.arg(node.args[0]), window, window, [0, 0, 0, 0], node.meta["val"].shape)
@@ -144,7 +144,7 @@ def _adaptive_max_check(node: Node, spec) -> str | None:
     return _adaptive_check(node, spec)
 
 
-@lowers(aten.adaptive_max_pool2d.default, check=_adaptive_max_check)
+@lowers(aten.adaptive_max_pool2d.default, int16=True, check=_adaptive_max_check)
 def adaptive_max_pool2d(ctx: Lowering, node: Node) -> tuple[Value]:
     window = _adaptive_window(node)
     return (_max_pool(ctx, node, ctx.arg(node.args[0]), window, window, [0, 0, 0, 0], node.meta["val"][0].shape),)
@@ -162,7 +162,7 @@ def _max_pool_check(node: Node, spec) -> str | None:
     return None
 
 
-@lowers(aten.max_pool2d_with_indices.default, check=_max_pool_check)
+@lowers(aten.max_pool2d_with_indices.default, int16=True, check=_max_pool_check)
 def max_pool2d(ctx: Lowering, node: Node) -> tuple[Value]:
     args = list(node.args) + [None] * 6
     kernel = list(args[1])

@@ -171,10 +171,10 @@ def _reshape_rule(ctx: Lowering, node: Node) -> Value:
 
 
 for _op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints):
-    lowers(_op, check=rank_check)(_reshape_rule)
+    lowers(_op, int16=True, check=rank_check)(_reshape_rule)
 
 
-@lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, check=rank_check)
+@lowers(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, int16=True, check=rank_check)
 def squeeze(ctx: Lowering, node: Node) -> Value:
     """Size-1 dims dropped where they sit (squeeze() drops them all)."""
     x = ctx.arg(node.args[0])
@@ -182,19 +182,19 @@ def squeeze(ctx: Lowering, node: Node) -> Value:
     return squeeze_dims(ctx, x, [dims] if isinstance(dims, int) else dims, node)
 
 
-@lowers(aten.unsqueeze.default, check=rank_check)
+@lowers(aten.unsqueeze.default, int16=True, check=rank_check)
 def unsqueeze(ctx: Lowering, node: Node) -> Value:
     """A size-1 dim added in place."""
     return unsqueeze_dim(ctx, ctx.arg(node.args[0]), node.args[1], node)
 
 
-@lowers(aten.clone.default, aten.alias.default, aten.contiguous.default)
+@lowers(aten.clone.default, aten.alias.default, aten.contiguous.default, int16=True)
 def copy(ctx: Lowering, node: Node) -> Value:
     """Copies are free in TOSA: values are immutable."""
     return ctx.arg(node.args[0])
 
 
-@lowers(aten.permute.default)
+@lowers(aten.permute.default, int16=True)
 def permute(ctx: Lowering, node: Node) -> Value:
     """No data moves: the value's layout records the new dimension order."""
     x = ctx.arg(node.args[0])
@@ -233,7 +233,7 @@ def _every_step(ctx: Lowering, v: Value, axis: int, taken: range, node: Node) ->
     return relayout(ctx, picked, shape, v.order, node)
 
 
-@lowers(aten.slice.Tensor, check=checks(_slice_check))
+@lowers(aten.slice.Tensor, int16=True, check=checks(_slice_check))
 def slice_(ctx: Lowering, node: Node) -> Value:
     """SLICE; a step above 1 takes the first of each group of ``step`` (TOSA has no strided slice)."""
     x = ctx.arg(node.args[0])
@@ -244,7 +244,7 @@ def slice_(ctx: Lowering, node: Node) -> Value:
     return _every_step(ctx, x, axis, taken, node)
 
 
-@lowers(aten.select.int, check=rank_check)
+@lowers(aten.select.int, int16=True, check=rank_check)
 def select(ctx: Lowering, node: Node) -> Value:
     """A SLICE of one, its dim dropped in place."""
     x = ctx.arg(node.args[0])
@@ -253,7 +253,7 @@ def select(ctx: Lowering, node: Node) -> Value:
     return squeeze_dims(ctx, slice_axis(ctx, x, x.tosa_dim(dim), index, 1, node), [dim], node)
 
 
-@lowers(aten.split_with_sizes.default, check=rank_check)
+@lowers(aten.split_with_sizes.default, int16=True, check=rank_check)
 def split_with_sizes(ctx: Lowering, node: Node) -> list[Value | None]:
     """One SLICE per part that is used (getitem)."""
     x = ctx.arg(node.args[0])
@@ -274,7 +274,7 @@ def _cat_check(node: Node, spec) -> str | None:
     return None
 
 
-@lowers(aten.cat.default, check=checks(_cat_check))
+@lowers(aten.cat.default, int16=True, check=checks(_cat_check))
 def cat(ctx: Lowering, node: Node) -> Value:
     """CONCAT in one layout; integers in one quantization (the quantizer shares it, so the RESCALE
     here only runs for inputs quantized elsewhere)."""
@@ -285,7 +285,7 @@ def cat(ctx: Lowering, node: Node) -> Value:
     return concat(ctx, vals, vals[0].tosa_dim(dim % vals[0].rank), node)
 
 
-@lowers(aten.expand.default, aten.repeat.default, check=rank_check)
+@lowers(aten.expand.default, aten.repeat.default, int16=True, check=rank_check)
 def expand(ctx: Lowering, node: Node) -> Value:
     """TILE to the output shape (leading dims added first, in place)."""
     out = tuple(node.meta["val"].shape)
@@ -293,7 +293,7 @@ def expand(ctx: Lowering, node: Node) -> Value:
     return tile(ctx, x, [out[d] // x.torch_shape[d] for d in x.order], node)
 
 
-@lowers(aten.flip.default, check=rank_check)
+@lowers(aten.flip.default, int16=True, check=rank_check)
 def flip(ctx: Lowering, node: Node) -> Value:
     """A REVERSE per flipped dim."""
     x = ctx.arg(node.args[0])
@@ -318,7 +318,7 @@ def _constant_pad_check(node: Node, spec) -> str | None:
     return None
 
 
-@lowers(aten.constant_pad_nd.default, check=checks(_constant_pad_check))
+@lowers(aten.constant_pad_nd.default, int16=True, check=checks(_constant_pad_check))
 def constant_pad_nd(ctx: Lowering, node: Node) -> Value:
     """PAD with the constant (quantized with the input's parameters, which the output shares)."""
     x = ctx.arg(node.args[0])
@@ -404,7 +404,7 @@ def _runs(index: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-@lowers(aten.index_select.default, check=checks(_index_check))
+@lowers(aten.index_select.default, int16=True, check=checks(_index_check))
 def index_select(ctx: Lowering, node: Node) -> Value:
     """Constant indices: a SLICE per run of consecutive indices and a CONCAT on Ethos-U55/U65 (which
     lack GATHER), a GATHER over [before, dim, after] elsewhere."""
@@ -422,7 +422,7 @@ def index_select(ctx: Lowering, node: Node) -> Value:
     return ctx.reshape(y, node.meta["val"].shape, node)
 
 
-@lowers(aten.gather.default, check=checks(_gather_check))
+@lowers(aten.gather.default, int16=True, check=checks(_gather_check))
 def gather(ctx: Lowering, node: Node) -> Value:
     """Constant indices: each output element's flat source position, one GATHER over the flat input."""
     x = ctx.arg(node.args[0])

@@ -1,0 +1,100 @@
+"""Quantization accuracy, measured: float vs fake-quantized vs the lowered program on the host, per scheme."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import TosakitError
+from .flow import compile, quantize_model
+from .quantize.config import SCHEMES
+from .runtime import LoadedProgram, evaluate_exact
+from .runtime.verify import Agreement, VerifyReport, verify
+from .specs import compile_spec_for_target
+from .zoo.trained import Split
+
+
+@dataclass
+class SchemeAccuracy:
+    """One quantization scheme on held-out data."""
+
+    scheme: str
+    float_accuracy: float  # top-1 %, the float model
+    fake_quant_accuracy: float  # the fake-quantized (convert_pt2e) model
+    program_accuracy: float  # the lowered .pte, run on the host
+    output_snr_db: float  # the program's outputs against float, over the whole test set
+    cpu_ops: int  # compute ops left on the CPU
+    seconds: float
+    layers: VerifyReport | None = None  # per layer, on the first test sample
+
+    @property
+    def loss(self) -> float:
+        """Accuracy points lost from float to the program."""
+        return self.float_accuracy - self.program_accuracy
+
+
+def _schemes(names: list[str]) -> list[str]:
+    unknown = [n for n in names if n not in SCHEMES]
+    if unknown:
+        raise TosakitError(f"unknown quantization scheme(s) {', '.join(unknown)}", f"choose from {', '.join(SCHEMES)}")
+    return names
+
+
+def _top1(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    return 100.0 * float((logits.argmax(-1) == labels).float().mean())
+
+
+def measure(model: nn.Module, data: Split, target: str, schemes: list[str], calibration: int = 64,
+            limit: int | None = None, layers: bool = False) -> list[SchemeAccuracy]:
+    """Quantize ``model`` with each scheme (calibrated on training samples), lower it for ``target``, and
+    compare the three models' accuracy on the held-out split (``limit`` samples at most)."""
+    model = model.eval()
+    x, y = data.test_x[:limit], data.test_y[:limit]
+    with torch.no_grad():
+        float_logits = torch.cat([model(x[i:i + 1]) for i in range(len(x))])
+    rows = []
+    for scheme in _schemes(schemes):
+        start = time.perf_counter()
+        spec = compile_spec_for_target(target).with_debug_info()
+        compiled = compile(model, (x[:1],), spec, quantize=True, config=SCHEMES[scheme](),
+                           calibration=data.calibration(calibration))
+        program = LoadedProgram(compiled.program.buffer, f"{scheme} program")
+        with torch.no_grad():
+            fake = torch.cat([compiled.quantized(x[i:i + 1]) for i in range(len(x))])
+        got = torch.cat([program.run([x[i:i + 1]])[0] for i in range(len(x))])
+        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        report = verify(compiled.edge, compiled.program, (x[:1],), model, compiled.quantized, layers=True) \
+            if layers else None
+        rows.append(SchemeAccuracy(scheme, _top1(float_logits, y), _top1(fake, y), _top1(got, y),
+                                   Agreement.of(got, float_logits).snr_db, len(cpu), time.perf_counter() - start,
+                                   report))
+        print(f"  {scheme}: {rows[-1].program_accuracy:.2f}% in {rows[-1].seconds:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def output_snr(model: nn.Module, calibration: list[tuple], evaluation: list[tuple], target: str,
+               schemes: list[str]) -> dict[str, float]:
+    """Per scheme: SNR (dB) of the fake-quantized model's outputs against float, over ``evaluation``."""
+    model = model.eval()
+    with torch.no_grad():
+        reference = torch.cat([model(*e) for e in evaluation])
+    out = {}
+    for scheme in _schemes(schemes):
+        quantized = quantize_model(model, evaluation[0], compile_spec_for_target(target), SCHEMES[scheme](),
+                                   calibration)
+        got = torch.cat([evaluate_exact(quantized, *e)[0] for e in evaluation])
+        out[scheme] = Agreement.of(got, reference).snr_db
+    return out
+
+
+def table(rows: list[SchemeAccuracy]) -> str:
+    """The per-scheme table for the terminal."""
+    lines = [f"{'scheme':<17}{'float %':>9}{'fake-quant %':>14}{'program %':>11}{'loss':>7}{'SNR dB':>8}{'CPU ops':>9}"]
+    for r in rows:
+        lines.append(f"{r.scheme:<17}{r.float_accuracy:>9.2f}{r.fake_quant_accuracy:>14.2f}{r.program_accuracy:>11.2f}"
+                     f"{r.loss:>7.2f}{r.output_snr_db:>8.1f}{r.cpu_ops:>9}")
+    return "\n".join(lines)
