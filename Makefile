@@ -34,5 +34,11 @@ test: $(STAMP) $(ORACLE_STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)
 
+# `make bench -- --compare-executorch zoo`: words after `bench` go to bench/run.py, not to make.
+ifeq (bench,$(firstword $(MAKECMDGOALS)))
+BENCH_ARGS += $(wordlist 2,$(words $(MAKECMDGOALS)),$(MAKECMDGOALS))
+$(eval $(wordlist 2,$(words $(MAKECMDGOALS)),$(MAKECMDGOALS)):;@:)
+endif
+
 clean:
-	rm -rf $(VENV) $(ORACLE) .pytest_cache build out
+	rm -rf $(VENV) $(ORACLE) .venv-executorch .pytest_cache build out bench/out

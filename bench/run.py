@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out"
+SIDE_ENV = ROOT / ".venv-executorch"
+ZOO = ("mv2", "mv3", "resnet18", "transformer", "lstm", "unet", "audio1d", "digits", "waves")
+TARGETS = (("ethos-u55-128", "Shared_Sram"), ("ethos-u85-256", None))
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -17,7 +29,7 @@ def _median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def host_runtime(repeats: int) -> None:
+def host_runtime(args) -> None:
     """mv2 for ethos-u55-128: `tosakit run` of the .pte beside tosa_reference_model alone on its TOSA."""
     import torch
 
@@ -35,26 +47,234 @@ def host_runtime(repeats: int) -> None:
     int8 = qparams_of(next(n for n in gm.graph.nodes if is_quantize(n))).quantize(inputs[0]).numpy()
     program.run(list(inputs))  # warm up both
     run_tosa(delegate.tosa, [int8])
+    repeats = args.repeats
     full = _median_seconds(lambda: program.run(list(inputs)), repeats)
     alone = _median_seconds(lambda: run_tosa(delegate.tosa, [int8]), repeats)
     print(f"{'mv2, ethos-u55-128':<24}{'tosakit run (.pte)':>22}{'reference model alone':>24}{'overhead':>10}")
     print(f"{'median of ' + str(repeats):<24}{full:>21.3f}s{alone:>23.3f}s{100 * (full - alone) / alone:>9.1f}%")
 
 
-BENCHES = {"host-runtime": host_runtime}
+def accuracy(args) -> None:
+    """Trained digits CNN and waves net on ethos-u55-128: float vs fake-quant vs lowered-program accuracy."""
+    from tosakit.accuracy import measure, table
+    from tosakit.zoo.trained import digits, digits_data, waves, waves_data
+
+    for name, (model, data) in {"digits": (digits()[0], digits_data()), "waves": (waves()[0], waves_data())}.items():
+        print(f"-- {name} (held-out {len(data.test_y)} samples)")
+        print(table(measure(model, data, "ethos-u55-128", ["int8", "int8-per-tensor", "a16w8"])), flush=True)
+
+
+def mv2_snr(args) -> None:
+    """Seeded-random MobileNetV2, fixed calibration set: output SNR against float per weight scheme."""
+    import torch
+
+    from tosakit.accuracy import output_snr
+    from tosakit.zoo.mobilenet_v2 import build
+
+    model, _ = build()
+    g = torch.Generator().manual_seed(1)
+    calibration = [(torch.randn(1, 3, 224, 224, generator=g),) for _ in range(8)]
+    evaluation = [(torch.randn(1, 3, 224, 224, generator=g),) for _ in range(4)]
+    snr = output_snr(model, calibration, evaluation, "ethos-u55-128", ["int8", "int8-per-tensor", "a16w8"])
+    print(f"{'scheme':<18}{'output SNR dB':>14}")
+    for scheme, db in snr.items():
+        print(f"{scheme:<18}{db:>14.2f}")
+    print(f"per-channel - per-tensor: {snr['int8'] - snr['int8-per-tensor']:+.2f} dB (goal: >= +3 dB)")
+
+
+@dataclass
+class Figures:
+    """One compiled model's Ethos-U figures, summed over its delegates (SRAM: the peak)."""
+
+    seconds: float
+    cycles: int
+    macs: int
+    macs_per_cycle: int
+    sram: int
+    offchip: int
+    cpu_ops: int
+
+    @property
+    def utilisation(self) -> float:
+        return self.macs / (self.cycles * self.macs_per_cycle) if self.cycles else 0.0
+
+    @staticmethod
+    def of(reports, seconds: float, cpu_ops: int) -> "Figures":
+        return Figures(seconds, sum(r.total_cycles for r in reports), sum(r.mac_count for r in reports),
+                       max((r.macs_per_cycle for r in reports), default=1), max((r.sram_used_bytes for r in reports),
+                                                                                 default=0),
+                       sum(r.offchip_used_bytes for r in reports), cpu_ops)
+
+
+def _spec(target: str, memory_mode: str | None):
+    from tosakit.specs import EthosUCompileSpec
+
+    return EthosUCompileSpec(target, memory_mode=memory_mode)
+
+
+def _tosakit(name: str, module, inputs, target: str, memory_mode: str | None, firmware_io: bool = False) -> Figures:
+    """Quantize, lower, run Vela and write the .pte with tosakit, timed as a whole; ``firmware_io``: NHWC
+    int8 inputs and outputs, as firmware feeds a camera frame."""
+    import torch
+
+    from tosakit.flow import compile
+
+    spec = _spec(target, memory_mode)
+    if firmware_io:
+        spec.with_int8_io()
+        inputs = tuple(t.to(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+    start = time.perf_counter()
+    compiled = compile(module, inputs, spec, quantize=True)
+    with open(OUT / "tosakit" / f"{name}_{target}{'_nhwc_int8' if firmware_io else ''}.pte", "wb") as f:
+        compiled.program.write_to_file(f)
+    seconds = time.perf_counter() - start
+    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    return Figures.of([d.report for d in compiled.edge.delegates], seconds, len(cpu))
+
+
+def _side_env() -> Path:
+    """The ExecuTorch 1.5.1 side environment (its Arm backend, tosakit's torch/Vela/TOSA pins), built once."""
+    python = SIDE_ENV / "bin" / "python"
+    stamp = SIDE_ENV / ".installed"
+    if not stamp.exists():
+        print(f"building {SIDE_ENV} (executorch==1.5.1) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(SIDE_ENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run(pip + ["-r", str(ROOT / "bench" / "executorch-requirements.txt")], check=True)
+        subprocess.run(pip + ["--no-deps", "executorch==1.5.1"], check=True)
+        stamp.touch()
+    return python
+
+
+def _executorch(jobs: list[dict]) -> dict[tuple[str, str], dict]:
+    """Compile the jobs with ExecuTorch in the side environment; its results by (model, target)."""
+    python = _side_env()
+    (OUT / "jobs.json").write_text(json.dumps(jobs, indent=1))
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    subprocess.run([str(python), str(ROOT / "bench" / "executorch_side.py"), str(OUT / "jobs.json"),
+                    str(OUT / "executorch.json")], check=True, env=env, stdout=subprocess.DEVNULL)
+    return {(r["name"], r["target"]): r for r in json.loads((OUT / "executorch.json").read_text())}
+
+
+def _executorch_figures(result: dict, memory_mode: str | None) -> Figures | None:
+    """ExecuTorch's delegates measured by the same Vela run tosakit uses (its TOSA, its Vela flags)."""
+    from tosakit.backends.ethosu.vela import compile_tosa
+
+    if "error" in result:
+        return None
+    spec = _spec(result["target"], memory_mode)
+    reports = [compile_tosa(Path(t).read_bytes(), spec).report for t in result["tosa"]]
+    return Figures.of(reports, result["seconds"], len(result["cpu_ops"]))
+
+
+_COLUMNS = (("compile s", lambda f: f.seconds, "{:.1f}"), ("cycles", lambda f: f.cycles, "{:,}"),
+            ("util %", lambda f: 100 * f.utilisation, "{:.1f}"), ("SRAM KiB", lambda f: f.sram / 1024, "{:.0f}"),
+            ("off-chip KiB", lambda f: f.offchip / 1024, "{:.0f}"), ("CPU ops", lambda f: f.cpu_ops, "{}"))
+
+
+def _row(label: str, cells: list[str]) -> str:
+    return f"{label:<30}" + "".join(f"{c:>14}" for c in cells)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else (1.0 if a == b else math.inf)
+
+
+def _plot_ratios(ratios: dict[str, dict[str, float]]) -> Path:
+    """Bars of tosakit / ExecuTorch per model and figure, 1.0 marked; written to bench/out/."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(ratios)
+    figures = ("cycles", "SRAM KiB", "off-chip KiB", "compile s")
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(labels) * len(figures) / 2), 4.5))
+    width = 0.8 / len(figures)
+    for i, figure in enumerate(figures):
+        ax.bar([x + i * width for x in range(len(labels))], [ratios[m].get(figure, 0) for m in labels], width,
+               label=figure)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(labels))], labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("tosakit / ExecuTorch 1.5.1 (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = OUT / "ratios.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def zoo(args) -> None:
+    """The zoo, quantized, for ethos-u55-128 (Shared_Sram) and ethos-u85-256: compile seconds, cycles, MAC
+    utilisation, SRAM, off-chip; with --compare-executorch, ExecuTorch 1.5.1's figures and the ratios."""
+    import torch
+
+    from tosakit.zoo import MODELS
+
+    (OUT / "tosakit").mkdir(parents=True, exist_ok=True)
+    models = args.models.split(",") if args.models else list(ZOO)
+    loaded = {}
+    for name in models:  # one exported module per model: both compilers start from the same graph
+        module, inputs = MODELS[name].factory()
+        path = OUT / "models" / f"{name}.pt2"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.export.save(torch.export.export(module.eval(), inputs), path)
+        torch.save(inputs, path.with_suffix(".inputs.pt"))
+        loaded[name] = (torch.export.load(path).module(), inputs)
+    jobs = [{"name": n, "model": str(OUT / "models" / f"{n}.pt2"),
+             "inputs": str(OUT / "models" / f"{n}.inputs.pt"), "target": t, "memory_mode": m,
+             "out": str(OUT / "executorch" / f"{n}_{t}")} for n in models for t, m in TARGETS]
+    theirs = _executorch(jobs) if args.compare_executorch else {}
+    ratios: dict[str, dict[str, float]] = {}
+    for target, memory_mode in TARGETS:
+        print(f"\n{target} ({memory_mode or 'default memory mode'})")
+        print(_row("model", [c[0] for c in _COLUMNS]))
+        for name in models:
+            mine = _tosakit(name, *loaded[name], target, memory_mode)
+            print(_row(f"{name} tosakit", [fmt.format(get(mine)) for _, get, fmt in _COLUMNS]), flush=True)
+            if not args.compare_executorch:
+                continue
+            result = theirs[(name, f"{target}")]
+            other = _executorch_figures(result, memory_mode)
+            if other is None:
+                print(_row(f"{name} executorch", ["failed: " + result["error"][:60]]))
+                continue
+            print(_row(f"{name} executorch", [fmt.format(get(other)) for _, get, fmt in _COLUMNS]))
+            ratio = {label: _ratio(get(mine), get(other)) for label, get, _ in _COLUMNS if label != "CPU ops"}
+            ratios[f"{name} {target.replace('ethos-', '')}"] = ratio
+            print(_row(f"{name} ratio", [f"{ratio[c[0]]:.3f}" if c[0] in ratio else "" for c in _COLUMNS]))
+            print(_row("", [f"ideal {math.ceil(mine.macs / mine.macs_per_cycle):,} cycles:",
+                            f"tosakit {mine.cycles / max(1, mine.macs / mine.macs_per_cycle):.2f}x,",
+                            f"executorch {other.cycles / max(1, other.macs / other.macs_per_cycle):.2f}x"]))
+        if "mv2" in loaded:
+            mine = _tosakit("mv2", *loaded["mv2"], target, memory_mode, firmware_io=True)
+            print(_row("mv2 tosakit NHWC int8 I/O", [fmt.format(get(mine)) for _, get, fmt in _COLUMNS]), flush=True)
+    if ratios:
+        for target, _ in TARGETS:
+            short = target.replace("ethos-", "")
+            cycles = [r["cycles"] for k, r in ratios.items() if k.endswith(short)]
+            print(f"{target}: cycles ratio geometric mean {math.exp(statistics.fmean(map(math.log, cycles))):.3f}, "
+                  f"worst {max(cycles):.3f}")
+        print(f"ratio plot: {_plot_ratios(ratios)}")
+
+
+BENCHES = {"host-runtime": host_runtime, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("bench", nargs="*", help=f"which benchmarks: {', '.join(BENCHES)} (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--compare-executorch", action="store_true",
+                        help="zoo: also compile with ExecuTorch 1.5.1 (side environment) and print the ratios")
+    parser.add_argument("--models", help=f"zoo: comma-separated subset of {','.join(ZOO)}")
     args = parser.parse_args(argv)
     unknown = [b for b in args.bench if b not in BENCHES]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
     for name in args.bench or BENCHES:
         print(f"== {name}: {BENCHES[name].__doc__}", flush=True)
-        BENCHES[name](args.repeats)
+        BENCHES[name](args)
     return 0
 
 

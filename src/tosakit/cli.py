@@ -41,11 +41,14 @@ class CompileOptions:
     memory_mode: str | None = None
     config_ini: str | None = None
     extra_flags: str | None = None
+    optimise: str | None = None
+    arena_cache_size: int | None = None
     intermediates: str | None = None
     output: str | None = None
     input_shapes: list[tuple[int, ...]] = field(default_factory=list)
     debug_info: bool = False
     int8_io: bool = False
+    channels_last: bool = False
     verify: bool = False
     inputs_file: str | None = None
     random_inputs: bool = False
@@ -89,9 +92,15 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     from .zoo import load_model
 
     progress = Progress(opts.quiet)
-    spec = compile_spec_for_target(opts.target, opts.system_config, opts.memory_mode, opts.extra_flags,
+    arena = opts.arena_cache_size is not None and f"--arena-cache-size={opts.arena_cache_size}"
+    vela_flags = " ".join(filter(None, [opts.extra_flags, opts.optimise and f"--optimise={opts.optimise}", arena]))
+    spec = compile_spec_for_target(opts.target, opts.system_config, opts.memory_mode, vela_flags or None,
                                    opts.config_ini)
     name, model, inputs = load_model(opts.model_name, opts.input_shapes or None)
+    if opts.channels_last:  # 4-D inputs stored NHWC: the delegate takes them with no layout TRANSPOSE
+        import torch
+
+        inputs = tuple(t.to(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
     output = Path(opts.output or default_output_name(name, opts.target, opts.delegate))
     if output.suffix != ".pte":
         raise TosakitError(f"output {output} does not end in .pte", "name the output file like model.pte")
@@ -234,8 +243,10 @@ def _cmd_compile(args) -> int:
     opts = CompileOptions(
         model_name=args.model_name, target=args.target, delegate=args.delegate, quantize=args.quantize,
         system_config=args.system_config, memory_mode=args.memory_mode, config_ini=args.config_ini,
-        extra_flags=args.extra_flags, intermediates=args.intermediates, output=args.output,
-        input_shapes=args.input_shape or [], debug_info=args.debug_info, int8_io=args.int8_io, verify=args.verify,
+        extra_flags=args.extra_flags, optimise=args.optimise, arena_cache_size=args.arena_cache_size,
+        intermediates=args.intermediates, output=args.output,
+        input_shapes=args.input_shape or [], debug_info=args.debug_info, int8_io=args.int8_io,
+        channels_last=args.channels_last, verify=args.verify,
         inputs_file=args.inputs, random_inputs=args.random, quiet=args.quiet,
     )
     start = time.perf_counter()
@@ -375,13 +386,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
     c.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
     c.add_argument("--config_ini", "--config-ini", help="Vela .ini file (default Arm/vela.ini)")
-    c.add_argument("--extra_flags", "--extra-flags", help="extra Vela flags, e.g. '--optimise Size'")
+    c.add_argument("--extra_flags", "--extra-flags", help="extra Vela flags, e.g. '--verbose-allocation'")
+    c.add_argument("--optimise", metavar="{Performance,Size}",
+                   help="Vela's goal: fewest cycles (default) or least SRAM")
+    c.add_argument("--arena_cache_size", "--arena-cache-size", type=int, metavar="BYTES",
+                   help="SRAM Vela may use for the arena (Sram_Only/Shared_Sram) or its cache (Dedicated_Sram); "
+                        "a program that needs more is an error")
     c.add_argument("-i", "--intermediates", metavar="DIR", help="write TOSA, Vela output and report.json here")
     c.add_argument("-o", "--output", help="output .pte (default: <model>_arm[_delegate]_<target>.pte)")
     c.add_argument("--input-shape", "--input_shape", type=_shape, action="append",
                    help="example input shape for a model file without example inputs (repeat per input)")
     c.add_argument("--debug-info", "--debug_info", action="store_true",
                    help="carry each delegate's TOSA inside the .pte (for running it on the host)")
+    c.add_argument("--channels-last", "--channels_last", action="store_true",
+                   help="export with channels-last (NHWC) 4-D inputs: the .pte's inputs have dim order [0, 2, 3, 1] "
+                        "and the delegate needs no layout TRANSPOSE")
     c.add_argument("--int8-io", "--int8_io", action="store_true",
                    help="the program takes and returns quantized integers: no CPU quantize/dequantize around the "
                         "delegate (firmware feeds int8 directly); the I/O quantization is printed")

@@ -21,7 +21,7 @@ from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
 from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequantize, is_integer_node, is_quantize
 from ..specs import TosaSpecification
 from .tosa_graph import (NHWC, NUMPY_OF, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity,
-                         make_attr, quantize_multiplier)
+                         make_attr, quantize_multiplier, storage_order)
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
 
@@ -240,7 +240,7 @@ class Lowering:
             return v
         perms = [v.order.index(d) for d in order]
         shape = [v.shape[p] for p in perms]
-        if _order_is_trivial(v) and _order_is_trivial(v.with_(order=order, shape=tuple(shape))):
+        if _big_dims(v.order, v.torch_shape) == _big_dims(order, v.torch_shape):
             attr = make_attr("ReshapeAttribute")  # only size-1 dims move: same bytes, new shape
             return self.emit(Op.RESHAPE, [v, self.g.shape_const(shape)], shape, v.dtype, order=order, q=v.q,
                              attr=attr)
@@ -263,6 +263,31 @@ class Lowering:
         attr = make_attr("ReshapeAttribute")
         return self.emit(Op.RESHAPE, [v, self.g.shape_const(torch_shape)], torch_shape, v.dtype,
                          order=identity(len(torch_shape)), q=v.q, attr=attr, node=node)
+
+    def relayout(self, v: Value, shape, order, node: Node | None = None) -> Value:
+        """RESHAPE to a TOSA ``shape`` whose dims hold torch dims ``order`` (same bytes, new labels)."""
+        shape, order = tuple(int(s) for s in shape), tuple(order)
+        if shape == v.shape:
+            return v.with_(order=order)
+        return self.emit(Op.RESHAPE, [v, self.g.shape_const(shape)], shape, v.dtype, order=order, q=v.q,
+                         attr=make_attr("ReshapeAttribute"), node=node)
+
+    def view(self, v: Value, torch_shape, node: Node | None = None) -> Value:
+        """A torch view: when it only adds or drops size-1 dims, a relabelling that keeps ``v``'s layout
+        (channels last stays channels last, so conv1d's and linear's views cost no TRANSPOSE); otherwise
+        ``reshape``. The result may be in any order, unlike ``reshape``'s."""
+        torch_shape = tuple(int(s) for s in torch_shape)
+        old_big = [d for d in range(v.rank) if v.torch_shape[d] != 1]
+        new_big = [d for d, s in enumerate(torch_shape) if s != 1]
+        if [v.torch_shape[d] for d in old_big] != [torch_shape[d] for d in new_big]:
+            return self.reshape(v, torch_shape, node)
+        to_new = dict(zip(old_big, new_big))
+        stored = [to_new[d] for d in v.order if d in to_new]  # big dims in storage order, renumbered
+        rank = len(torch_shape)
+        candidates = ([NHWC] if rank == 4 else []) + [identity(rank)]
+        order = next((c for c in candidates if _big_dims(c, torch_shape) == stored),
+                     tuple(d for d in range(rank) if torch_shape[d] == 1) + tuple(stored))
+        return self.relayout(v, [torch_shape[d] for d in order], order, node)
 
     def same_order(self, *vals: Value) -> list[Value]:
         """Bring operands of an elementwise op to one layout (the first non-trivial one)."""
@@ -408,9 +433,15 @@ def is_float_dtype(dtype) -> bool:
     return dtype in (DType.FP32, DType.FP16, DType.BF16)
 
 
+def _big_dims(order, torch_shape) -> list[int]:
+    """The torch dims larger than 1, in the storage ``order``: two layouts with the same list hold the
+    same bytes."""
+    return [d for d in order if torch_shape[d] != 1]
+
+
 def _order_is_trivial(v: Value) -> bool:
     """True when the layout differs from torch order only by where size-1 dims sit."""
-    big = [d for d in v.order if v.torch_shape[d] != 1]
+    big = _big_dims(v.order, v.torch_shape)
     return big == sorted(big)
 
 
@@ -444,7 +475,9 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) 
             val = node.meta["val"]
             q = node.meta.get("tosakit_q")
             dtype = tosa_dtype(q.dtype if q is not None else val.dtype)
-            v = Value(ctx.g.input(val.shape, dtype), tuple(val.shape), dtype, identity(val.dim()), q)
+            order = storage_order(val)  # a channels-last input arrives NHWC: no TRANSPOSE at the boundary
+            shape = tuple(val.shape[d] for d in order)
+            v = Value(ctx.g.input(shape, dtype), shape, dtype, order, q)
             ctx.values[node] = v
             inputs.append(v)
         elif node.op == "call_function":
@@ -460,20 +493,20 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) 
     ctx.current = None
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     used = {i.name for i in inputs}
-    outputs = [_mark_output(ctx, ctx.arg(a), used) for a in out_node.args[0]]
+    outputs = [_mark_output(ctx, ctx.arg(a), used, storage_order(a.meta["val"])) for a in out_node.args[0]]
     ops = list(ctx.g.ops)
     probed = []
     if probes:
         for node, v in list(ctx.values.items()):
             if node.op == "call_function" and isinstance(v, Value) and node.target is not operator.getitem:
-                probed.append((node.name, _mark_output(ctx, v, used)))
+                probed.append((node.name, _mark_output(ctx, v, used, identity(v.rank))))
     return LoweredGraph(ctx.g.serialize(), inputs, outputs, ops, probed)
 
 
-def _mark_output(ctx: Lowering, v: Value, used: set[str]) -> Value:
-    """Make ``v`` (in torch layout) a graph output; a constant, or a tensor already used as I/O, gets an
+def _mark_output(ctx: Lowering, v: Value, used: set[str], order: tuple[int, ...]) -> Value:
+    """Make ``v``, stored in ``order``, a graph output; a constant, or a tensor already used as I/O, gets an
     IDENTITY copy."""
-    v = ctx.torch_order(v)
+    v = ctx.to_order(v, order)
     if v.name in used or ctx.g.info[v.name].data is not None:
         v = ctx.emit(Op.IDENTITY, [v], v.shape, v.dtype, like=v, q=v.q)
     used.add(v.name)

@@ -73,6 +73,14 @@ class Value:
         return replace(self, **kw)
 
 
+def storage_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The order a tensor's dims sit in memory (ExecuTorch's dim_order): NHWC for a channels-last 4-D
+    tensor, else torch order."""
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return NHWC
+    return identity(t.dim())
+
+
 def is_float(dtype) -> bool:
     return dtype in (DType.FP32, DType.FP16, DType.BF16)
 

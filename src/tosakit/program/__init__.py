@@ -76,6 +76,8 @@ class LoweredBackendModule(torch.nn.Module):
         self.report = report
         self.op_count = op_count or {}
         self.named_data: dict[str, bytes] = named_data or {}
+        self.input_orders: list[tuple[int, ...]] = []  # each TOSA input's dims, as torch dims
+        self.output_orders: list[tuple[int, ...]] = []
 
     def forward(self, *args):
         """Run the replaced graph in PyTorch (float or fake-quantized reference semantics)."""
@@ -244,6 +246,8 @@ def _fuse(gm: GraphModule, tag: str, spec, index: int, prepared: PreparedDelegat
     named = {tosa_key(result.processed_bytes): lowered.tosa} if spec.embed_tosa else {}
     module = LoweredBackendModule(spec.backend_id, result.processed_bytes, spec.to_list(), original, lowered.tosa,
                                   spec.tosa_spec, result.report, lowered.op_count, named)
+    module.input_orders = [v.order for v in lowered.inputs]
+    module.output_orders = [v.order for v in lowered.outputs]
     gm.add_module(name, module)
     members = [n for n in gm.graph.nodes if n.meta.get(TAG_KEY) == tag]
     with gm.graph.inserting_after(members[-1]):

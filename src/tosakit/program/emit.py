@@ -12,6 +12,7 @@ from torch.fx import GraphModule, Node
 from pathlib import Path
 
 from ..errors import TosakitError, UnsupportedOpError
+from ..lower.tosa_graph import storage_order
 from .pte import constant_segment_bytes
 from .schema import (
     AllocationDetails,
@@ -158,7 +159,7 @@ class Emitter:
 
     def _tensor_value(self, t: torch.Tensor, planned: bool) -> int:
         idx = self._add(Tensor(scalar_type=scalar_type_of(t.dtype), sizes=list(t.shape),
-                               dim_order=list(range(t.dim()))))
+                               dim_order=list(storage_order(t))))
         if planned:
             nbytes = max(t.numel() * t.element_size(), 1)
             self.planned[idx] = PlannedTensor(idx, nbytes, len(self.instructions), len(self.instructions))

@@ -26,7 +26,7 @@ from ..program.schema import (
     torch_dtype_of,
 )
 from ..program import schema as S
-from .reference import run_tosa
+from .reference import run_stored
 
 # Kernels torch has no ".out" overload for: the functional op runs and its result is copied to ``out``.
 FUNCTIONAL_OUT = {
@@ -175,11 +175,16 @@ class _Execution:
         self.kernels: list[Kernel | None] = [None] * len(plan.operators)
 
     def _tensor(self, i: int, t) -> torch.Tensor:
+        order = list(t.dim_order) or list(range(len(t.sizes)))
+        if sorted(order) != list(range(len(t.sizes))):
+            raise TosakitError(f"value {i} has dim order {order}, not a permutation of its {len(t.sizes)} dims",
+                               "the .pte is corrupt: re-export it")
+        stored = self._stored_tensor(i, t, tuple(t.sizes[d] for d in order))
+        return stored.permute(tuple(np.argsort(order).tolist()))  # the torch-layout view of the stored bytes
+
+    def _stored_tensor(self, i: int, t, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor's bytes (constant, planned or fresh) as a contiguous tensor of its stored ``shape``."""
         dtype = torch_dtype_of(t.scalar_type)
-        shape = tuple(t.sizes)
-        if list(t.dim_order) != list(range(len(shape))):
-            raise TosakitError(f"value {i} has dim order {list(t.dim_order)}; only contiguous tensors are supported",
-                               "export the model with contiguous (channels-first) tensors")
         nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
         if t.data_buffer_idx > 0:
             if t.data_buffer_idx >= len(self.const_offsets):
@@ -269,9 +274,10 @@ class _Execution:
         args = [self._arg(i) for i in call.args]
         n_out = len(args) - _tosa_input_count(tosa)
         ins, outs = args[:len(args) - n_out], args[len(args) - n_out:]
-        results = run_tosa(tosa, [t.numpy() for t in ins])
+        orders = [list(self.plan.values[i].val.dim_order) or list(range(t.dim())) for i, t in zip(call.args, args)]
+        results = run_stored(tosa, ins, orders[:len(ins)], orders[len(ins):])
         for out, res in zip(outs, results):
-            out.copy_(torch.from_numpy(np.asarray(res)).reshape(out.shape))
+            out.copy_(res.reshape(out.shape))
 
 
 class _Deferred:

@@ -31,6 +31,19 @@ def run_tosa(tosa: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(o) for o in outputs]
 
 
+def run_stored(tosa: bytes, tensors: list[torch.Tensor], in_orders, out_orders) -> list[torch.Tensor]:
+    """Run TOSA whose I/O is stored in the given dim orders (NHWC for channels-last I/O) on torch-layout
+    tensors; the first ``len(out_orders)`` results come back in torch layout, the rest as they are."""
+    arrays = [t.detach().permute(tuple(o)).contiguous().numpy() for t, o in zip(tensors, in_orders)]
+    results = [torch.from_numpy(np.array(r)) for r in run_tosa(tosa, arrays)]
+    return [r.permute(tuple(np.argsort(o).tolist())) for r, o in zip(results, out_orders)] + results[len(out_orders):]
+
+
+def run_delegate(module: LoweredBackendModule, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A delegate's TOSA on the reference model, torch-layout tensors in and out."""
+    return run_stored(module.tosa, tensors, module.input_orders, module.output_orders)
+
+
 @dataclass
 class DelegateCheck:
     """How one delegate's TOSA output compares with PyTorch on the same inputs."""
@@ -127,8 +140,7 @@ class _HostInterpreter(Interpreter):
 
     def call_function(self, target, args, kwargs):
         if target is executorch_call_delegate:
-            outs = run_tosa(args[0].tosa, [a.detach().numpy() for a in args[1:]])
-            return tuple(torch.from_numpy(np.array(o)) for o in outs)
+            return tuple(run_delegate(args[0], list(args[1:])))
         return super().call_function(target, args, kwargs)
 
 
@@ -147,6 +159,6 @@ def check_delegates(edge: EdgeProgramManager, inputs: tuple) -> list[DelegateChe
     checks = []
     for name, module, args, _ in runner.seen:
         want = evaluate_exact(module.original_module, *args)
-        got = run_tosa(module.tosa, [a.detach().numpy() for a in args])
-        checks += [compare(name, i, g, w) for i, (g, w) in enumerate(zip(got, want))]
+        got = run_delegate(module, list(args))
+        checks += [compare(name, i, g.numpy(), w) for i, (g, w) in enumerate(zip(got, want))]
     return checks

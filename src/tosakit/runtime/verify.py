@@ -17,7 +17,7 @@ from ..program import EdgeProgramManager, ExecutorchProgramManager, LoweredBacke
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import QParams, is_quantize
 from .program import LoadedProgram
-from .reference import ExactInterpreter, evaluate_exact, run_tosa
+from .reference import ExactInterpreter, evaluate_exact, run_stored
 
 
 @dataclass
@@ -152,8 +152,8 @@ def layer_reports(edge: EdgeProgramManager, inputs: tuple, float_values: dict | 
     for name, module, args in runner.calls:
         graph = copy.deepcopy(module.original_module)
         lowered = lower_partition(graph, module.tosa_spec, probes=True)
-        results = run_tosa(lowered.tosa, [a.detach().numpy() for a in args])[len(lowered.outputs):]
-        got = {node: torch.from_numpy(np.asarray(r)) for (node, _), r in zip(lowered.probes, results)}
+        results = run_stored(lowered.tosa, list(args), [v.order for v in lowered.inputs], [])[len(lowered.outputs):]
+        got = dict(zip((node for node, _ in lowered.probes), results))
         nodes = {n.name: n for n in graph.graph.nodes}
         # Each layer's reference is computed from the TOSA results of the layers before it, so a
         # difference is that layer's own, not an earlier rounding flip amplified by the network.

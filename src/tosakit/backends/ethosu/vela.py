@@ -509,6 +509,22 @@ def _check_all_on_npu(report: VelaReport) -> None:
     )
 
 
+def _check_sram(report: VelaReport, opts: VelaOptions, config: _VelaConfig) -> None:
+    """Vela overruns a too-small arena cache silently; a program that needs more SRAM than the memory mode
+    gives it cannot run, so say so."""
+    limit = _arena_size_limit(opts, config)
+    if report.sram_used_bytes <= limit:
+        return
+    advice = [] if opts.optimise == "Size" else ["--optimise Size (trades cycles for SRAM)"]
+    if npu_family(opts.accelerator) != "ethos-u55" and not opts.memory_mode.startswith("Dedicated_Sram"):
+        advice.insert(0, "memory mode Dedicated_Sram (the arena in DRAM, SRAM as its cache)")
+    advice.append("a larger --arena-cache-size, if the device has the SRAM")
+    raise TosakitError(
+        f"the program needs {report.sram_used_bytes / 1024:.1f} KiB of SRAM at its peak, more than the "
+        f"{limit / 1024:.1f} KiB that {opts.memory_mode} on {opts.system_config} allows (arena cache size)",
+        "try " + ", or ".join(advice))
+
+
 def compile_tosa(tosa: bytes, spec: EthosUCompileSpec) -> VelaResult:
     """Compile a TOSA 1.0 flatbuffer with Vela, honouring ``spec.compiler_flags``."""
     tosa = bytes(tosa)
@@ -520,6 +536,7 @@ def compile_tosa(tosa: bytes, spec: EthosUCompileSpec) -> VelaResult:
     model = _run_regor(tosa, opts, config)
     report = _report(model, tosa, opts, config)
     _check_all_on_npu(report)
+    _check_sram(report, opts, config)
     return VelaResult(
         cmd_data=bytes(model.command_stream),
         weight_data=bytes(model.read_only.data),

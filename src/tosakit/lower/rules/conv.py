@@ -174,10 +174,10 @@ def convolution(ctx: Lowering, node: Node) -> Value:
         return _transpose_conv2d(ctx, node, x, w, b, tuple(stride), tuple(pad), tuple(output_padding), out)
     if x.rank == 3:  # conv1d: [N, C, L] as [N, C, 1, L]
         n, c, length = x.torch_shape
-        x4 = ctx.reshape(x, (n, c, 1, length))
+        x4 = ctx.view(x, (n, c, 1, length))
         y = _conv2d(ctx, node, x4, w.unsqueeze(2), b, (1, stride[0]), (0, pad[0]), (1, dilation[0]), groups,
                     (out[0], out[1], 1, out[2]))
-        return ctx.reshape(y, out, node=node)
+        return ctx.view(y, out, node)
     return _conv2d(ctx, node, x, w, b, tuple(stride), tuple(pad), tuple(dilation), groups, out)
 
 
@@ -190,8 +190,8 @@ def linear(ctx: Lowering, node: Node) -> Value:
     w = ctx.constant(w_node)
     shape = x.torch_shape
     rows = int(np.prod(shape[:-1]))
-    x4 = ctx.reshape(x, (rows, shape[-1], 1, 1))  # NCHW view so the NHWC form is [rows, 1, 1, in]
+    x4 = ctx.view(x, (rows, shape[-1], 1, 1))  # NCHW view so the NHWC form is [rows, 1, 1, in]
     out = tuple(node.meta["val"].shape)
     y = _conv2d(ctx, node, x4, w.reshape(w.shape[0], w.shape[1], 1, 1), _bias_tensor(ctx, b_node), (1, 1), (0, 0),
                 (1, 1), 1, (rows, w.shape[0], 1, 1))
-    return ctx.reshape(y, out, node=node)
+    return ctx.view(y, out, node)

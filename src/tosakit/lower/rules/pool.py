@@ -49,7 +49,7 @@ def mean(ctx: Lowering, node: Node) -> Value:
     if _is_spatial_mean(node) and rounds_once:  # global average pooling (a new scale: sum, one rescale)
         n, c, h, w = x.torch_shape
         y = _avg_pool(ctx, node, x, (h, w), (1, 1), (0, 0, 0, 0), (n, c, 1, 1))
-        return ctx.reshape(y, out, node=node) if len(out) != 4 else y
+        return ctx.view(y, out, node) if len(out) != 4 else y
     return _mean_by_sum(ctx, node, x, out)
 
 
@@ -69,7 +69,7 @@ def _mean_by_sum(ctx: Lowering, node: Node, x: Value, out) -> Value:
     else:
         shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
         v = ctx.emit(Op.MUL, [v, ctx.scalar(1.0 / count, v), shift], v.shape, v.dtype, like=v, node=node)
-    return ctx.reshape(v, out, node=node)
+    return ctx.view(v, out, node)
 
 
 def _avg_pool_check(node: Node, spec) -> str | None:

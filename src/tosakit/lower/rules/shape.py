@@ -63,11 +63,7 @@ def constant_source(a) -> Node | None:
 
 def relayout(ctx: Lowering, v: Value, shape, order, node: Node | None = None) -> Value:
     """RESHAPE to a TOSA ``shape`` whose dims hold torch dims ``order`` (same bytes, new labels)."""
-    shape, order = tuple(int(s) for s in shape), tuple(order)
-    if shape == v.shape:
-        return v.with_(order=order)
-    return ctx.emit(Op.RESHAPE, [v, ctx.g.shape_const(shape)], shape, v.dtype, order=order, q=v.q,
-                    attr=make_attr("ReshapeAttribute"), node=node)
+    return ctx.relayout(v, shape, order, node)
 
 
 def squeeze_dims(ctx: Lowering, v: Value, dims, node: Node | None = None) -> Value:
@@ -166,8 +162,10 @@ def requantize_to(ctx: Lowering, v: Value, q: QParams | None, node: Node | None 
 
 
 def _reshape_rule(ctx: Lowering, node: Node) -> Value:
-    """RESHAPE in torch order (a TRANSPOSE first when the layout moves more than size-1 dims)."""
-    return ctx.reshape(ctx.arg(node.args[0]), node.meta["val"].shape, node=node)
+    """Size-1 dims in or out keep the layout; any other reshape is a RESHAPE in torch order (a TRANSPOSE
+    first when the layout moves more than size-1 dims)."""
+    x, shape = ctx.arg(node.args[0]), node.meta["val"].shape
+    return ctx.view(x, shape, node)
 
 
 for _op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.flatten.using_ints):

@@ -1,0 +1,97 @@
+"""Lowering that keeps the NPU busy (no needless TRANSPOSE or RESHAPE), and Vela's memory limits enforced.
+Cycle counts themselves are benchmarks (bench/run.py zoo), not tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tosakit import EthosUCompileSpec, TosakitError
+from tosakit.flow import compile
+from tosakit.runtime import check_delegates
+
+
+class Conv1dChain(nn.Module):
+    """The shape of a 1-D keyword spotter: every conv1d is a view, a CONV2D, and a view back."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(8, 16, 5, 2, 2), nn.ReLU(), nn.Conv1d(16, 16, 3, 1, 1, groups=16),
+                                  nn.ReLU(), nn.Conv1d(16, 24, 1), nn.ReLU())
+        self.fc = nn.Linear(24, 4)
+
+    def forward(self, x):
+        return self.fc(self.body(x).mean(-1))
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_conv1d_chain_keeps_channels_last_u55_u85(target):
+    """Between conv1d layers the data stays channels last: one TRANSPOSE (the NCL input), no other, and the
+    integer result still matches the fake-quantized model."""
+    model, inputs = Conv1dChain().eval(), (torch.randn(1, 8, 40),)
+    compiled = compile(model, inputs, target, quantize=True)
+    [delegate] = compiled.edge.delegates
+    assert delegate.tosa_ops.get("TRANSPOSE", 0) == 1, delegate.tosa_ops
+    assert delegate.report.cpu_ops == 0
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
+def test_linear_is_one_reshape_each_side_int():
+    """A linear layer on [1, features] is RESHAPE, CONV2D 1x1, RESHAPE: no TRANSPOSE, no reshape chains."""
+    model, inputs = nn.Sequential(nn.Linear(32, 10)).eval(), (torch.randn(1, 32),)
+    compiled = compile(model, inputs, "TOSA-1.0+INT", quantize=True)
+    [delegate] = compiled.edge.delegates
+    assert delegate.tosa_ops.get("RESHAPE") == 2 and "TRANSPOSE" not in delegate.tosa_ops
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
+def test_sram_beyond_the_arena_cache_is_a_clear_error_u55():
+    """Vela silently overruns a too-small arena; tosakit refuses, naming the need and the limit."""
+    model, inputs = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()).eval(), (torch.randn(1, 3, 32, 32),)
+    spec = EthosUCompileSpec("ethos-u55-128", extra_flags=["--arena-cache-size=1024"])
+    with pytest.raises(TosakitError) as err:
+        compile(model, inputs, spec, quantize=True)
+    message = str(err.value)
+    assert "KiB of SRAM" in message and "1.0 KiB that Shared_Sram" in message and "--optimise Size" in message
+    roomy = EthosUCompileSpec("ethos-u55-128", extra_flags=["--arena-cache-size=1048576"])
+    [delegate] = compile(model, inputs, roomy, quantize=True).edge.delegates
+    assert 0 < delegate.report.sram_used_bytes <= 1048576
+
+
+def test_optimise_size_uses_no_more_sram_u85():
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(32, 8, 1)).eval()
+    inputs = (torch.randn(1, 3, 64, 64),)
+    sram = {}
+    for goal in ("Performance", "Size"):
+        spec = EthosUCompileSpec("ethos-u85-256", extra_flags=[f"--optimise={goal}"])
+        sram[goal] = compile(model, inputs, spec, quantize=True).edge.delegates[0].report.sram_used_bytes
+    assert sram["Size"] <= sram["Performance"]
+
+
+@pytest.mark.parametrize("int8_io", [False, True], ids=["float_io", "int8_io"])
+def test_channels_last_export_has_no_boundary_transpose_u55(tmp_path, et_oracle, int8_io):
+    """A model exported with channels-last inputs keeps NHWC across the delegate boundary: the .pte records
+    the dim order [0, 2, 3, 1], the TOSA has no TRANSPOSE, the host run matches, ExecuTorch loads it."""
+    from tosakit.program.pte import deserialize_pte
+    from tosakit.runtime import LoadedProgram, run_edge
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 16, 16).to(memory_format=torch.channels_last)
+    spec = EthosUCompileSpec("ethos-u55-128").with_debug_info()
+    compiled = compile(model, (x,), spec.with_int8_io() if int8_io else spec, quantize=True)
+    [delegate] = compiled.edge.delegates
+    assert "TRANSPOSE" not in delegate.tosa_ops and delegate.tosa_ops["CONV2D"] == 2
+    if int8_io:
+        x = compiled.edge.io_quantization["inputs"][0].quantize(x)
+    assert all(c.passed for c in check_delegates(compiled.edge, (x,)))
+    prog, _ = deserialize_pte(compiled.program.buffer)
+    plan = prog.execution_plan[0]
+    assert [list(plan.values[i].val.dim_order) for i in (*plan.inputs, *plan.outputs)] == [[0, 2, 3, 1]] * 2
+    [got] = LoadedProgram(compiled.program.buffer, "cl.pte").run([x])
+    [want] = run_edge(compiled.edge, x)
+    assert torch.equal(got, want)
+    path = tmp_path / "cl.pte"
+    path.write_bytes(compiled.program.buffer)
+    assert et_oracle.load(path) == ["forward"]
