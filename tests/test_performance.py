@@ -95,3 +95,53 @@ def test_channels_last_export_has_no_boundary_transpose_u55(tmp_path, et_oracle,
     path = tmp_path / "cl.pte"
     path.write_bytes(compiled.program.buffer)
     assert et_oracle.load(path) == ["forward"]
+
+
+class SmallCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.conv1d = nn.Conv1d(8, 4, 1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = nn.functional.relu6(self.conv(x), inplace=True)
+        y = nn.functional.relu(self.dw(y), inplace=True)
+        y = nn.functional.adaptive_avg_pool2d(nn.functional.dropout(y, 0.2, training=False), 1)
+        y = self.conv1d(torch.flatten(y, 2))
+        return self.fc(torch.flatten(y, 1))
+
+
+def _signature(graph) -> list:
+    names, out = {}, []
+    for i, n in enumerate(n for n in graph.nodes if n.op in ("placeholder", "call_function", "output")):
+        names[n] = f"v{i}"
+        out.append((n.name, str(n.target), str(torch.fx.node.map_arg(n.args, lambda a: names.get(a, a.name)))))
+    return out
+
+
+def test_direct_core_aten_is_what_decomposing_gives():
+    """The fast path (rewriting conv2d/conv1d, in-place activations, dropout, flatten and global pooling in
+    place) yields exactly the graph run_decompositions does, node names included (reports show them);
+    anything else takes the full path."""
+    from tosakit.capture import direct_core_aten, export, to_core_aten
+
+    ep = export(SmallCnn().eval(), (torch.randn(1, 3, 16, 16),))
+    fast = direct_core_aten(ep)
+    assert fast is not None
+    assert _signature(fast.graph) == _signature(to_core_aten(ep).graph)
+    assert "conv2d" in str(list(ep.graph.nodes))  # the user's program is left as it was
+
+    class ReadBeforeInPlace(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            w = y + 1  # y has another reader: the rewrite leaves it to a real decomposition
+            return torch.relu_(y) + w
+
+    class Matmul(nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a, b)  # decomposes into views and bmm: not one of the direct rewrites
+
+    assert direct_core_aten(export(ReadBeforeInPlace(), (torch.randn(4),))) is None
+    assert direct_core_aten(export(Matmul(), (torch.randn(2, 3, 4), torch.randn(2, 4, 5)))) is None

@@ -64,7 +64,11 @@ def prepare_delegate(gm: GraphModule, tag: str, spec: ArmCompileSpec) -> Prepare
     """Lower the nodes tagged ``tag`` to TOSA and compile them for ``spec``'s backend."""
     sub = extract_subgraph(gm, tag)
     original = copy.deepcopy(sub.graph_module)
-    lowered = lower_partition(sub.graph_module, spec.tosa_spec)
+    return compile_lowered(original, lower_partition(sub.graph_module, spec.tosa_spec), spec)
+
+
+def compile_lowered(original: GraphModule, lowered: LoweredGraph, spec: ArmCompileSpec) -> PreparedDelegate:
+    """Compile an already lowered partition (``original``: the graph it replaces) for ``spec``'s backend."""
     return PreparedDelegate(original, lowered, preprocess(spec.backend_id, lowered, spec))
 
 

@@ -21,7 +21,7 @@ from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
 from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequantize, is_integer_node, is_quantize
 from ..specs import TosaSpecification
 from .tosa_graph import (NHWC, NUMPY_OF, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity,
-                         make_attr, quantize_multiplier, storage_order)
+                         count_ops, make_attr, quantize_multiplier, storage_order)
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
 
@@ -460,10 +460,7 @@ class LoweredGraph:
 
     @property
     def op_count(self) -> dict[str, int]:
-        count: dict[str, int] = {}
-        for o in self.ops:
-            count[o.op] = count.get(o.op, 0) + 1
-        return count
+        return count_ops(self.ops)
 
 
 def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) -> LoweredGraph:

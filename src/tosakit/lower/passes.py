@@ -35,9 +35,9 @@ def _get_attr(gm: GraphModule, node: Node) -> torch.Tensor:
 
 
 def _finish(gm: GraphModule) -> GraphModule:
+    """Tidy the graph after a pass; ``run`` regenerates the code once, after the last pass."""
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
-    gm.recompile()
     return gm
 
 
@@ -305,4 +305,5 @@ def run(passes, gm: GraphModule) -> GraphModule:
     """Run passes in order."""
     for p in passes:
         gm = p(gm)
+    gm.recompile()
     return gm

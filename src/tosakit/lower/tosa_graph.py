@@ -143,6 +143,14 @@ class EmittedOp:
     location: str | None = None
 
 
+def count_ops(ops: list[EmittedOp]) -> dict[str, int]:
+    """How many of each TOSA operator, in first-emitted order."""
+    count: dict[str, int] = {}
+    for o in ops:
+        count[o.op] = count.get(o.op, 0) + 1
+    return count
+
+
 class TosaGraph:
     """Builds one TOSA 1.0 basic block with ``tosa_serializer``, and keeps a record of its ops."""
 
@@ -192,10 +200,7 @@ class TosaGraph:
 
     @property
     def op_count(self) -> dict[str, int]:
-        count: dict[str, int] = {}
-        for o in self.ops:
-            count[o.op] = count.get(o.op, 0) + 1
-        return count
+        return count_ops(self.ops)
 
     def output(self, name: str) -> None:
         """Mark a tensor as a graph output (in call order)."""

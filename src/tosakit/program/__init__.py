@@ -23,6 +23,7 @@ from ..backends import PreparedDelegate, prepare_delegate
 from ..capture import PRESERVED_OPS, CapturedProgram, capture
 from ..errors import TosakitError, write_atomic
 from ..lower import prepare_program, quantized_io
+from ..lower.passes import run as run_passes
 from ..lower.tosa_graph import DType
 from ..partition import NodePlacement
 from ..partition.partitioner import TAG_KEY, extract_subgraph
@@ -198,7 +199,7 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
     captured = capture(programs, _preserved(partitioners))
     gm = prepare_program(captured.graph_module)
     if any(getattr(getattr(p, "compile_spec", None), "preserve_io_quantization", False) for p in partitioners):
-        gm = quantized_io(gm)
+        gm = run_passes([quantized_io], gm)
     for p in transform_passes or []:
         gm = p(gm) or gm
     captured.graph_module = gm

@@ -16,7 +16,7 @@ from ...partition import PartitionResult
 from ...partition.partitioner import extract_subgraph, source_of
 from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
-from .. import PreprocessResult, backend, prepare_delegate
+from .. import PreprocessResult, backend, compile_lowered
 from .payload import EthosUPayload, pack_payload, parse_payload
 from .support import limits_for
 from .vela import VelaRefusal, VelaReport, VelaResult, compile_tosa
@@ -118,7 +118,7 @@ class EthosUPartitioner(TOSAPartitioner):
             if refused:
                 continue
             try:
-                result.prepared[tag] = prepare_delegate(result.graph_module, tag, self.compile_spec)
+                result.prepared[tag] = compile_lowered(sub.graph_module, lowered, self.compile_spec)
             except VelaRefusal as exc:
                 blamed = self._blame(lowered.ops, exc)
                 if not blamed:
