@@ -156,15 +156,20 @@ def _executorch(jobs: list[dict]) -> dict[tuple[str, str], dict]:
     return {(r["name"], r["target"]): r for r in json.loads((OUT / "executorch.json").read_text())}
 
 
+_VIEWS = ("squeeze", "unsqueeze", "view", "permute", "clone", "expand", "alloc")
+
+
 def _executorch_figures(result: dict, memory_mode: str | None) -> Figures | None:
-    """ExecuTorch's delegates measured by the same Vela run tosakit uses (its TOSA, its Vela flags)."""
+    """ExecuTorch's delegates measured by the same Vela run tosakit uses (its TOSA, its Vela flags); its CPU
+    ops counted without pure data movement (views, squeezes)."""
     from tosakit.backends.ethosu.vela import compile_tosa
 
     if "error" in result:
         return None
     spec = _spec(result["target"], memory_mode)
     reports = [compile_tosa(Path(t).read_bytes(), spec).report for t in result["tosa"]]
-    return Figures.of(reports, result["seconds"], len(result["cpu_ops"]))
+    compute = [op for op in result["cpu_ops"] if not any(v in op.split(">")[0] for v in _VIEWS)]
+    return Figures.of(reports, result["seconds"], len(compute))
 
 
 _COLUMNS = (("compile s", lambda f: f.seconds, "{:.1f}"), ("cycles", lambda f: f.cycles, "{:,}"),
@@ -224,7 +229,10 @@ def zoo(args) -> None:
     jobs = [{"name": n, "model": str(OUT / "models" / f"{n}.pt2"),
              "inputs": str(OUT / "models" / f"{n}.inputs.pt"), "target": t, "memory_mode": m,
              "out": str(OUT / "executorch" / f"{n}_{t}")} for n in models for t, m in TARGETS]
-    theirs = _executorch(jobs) if args.compare_executorch else {}
+    reuse = args.reuse_executorch and (OUT / "executorch.json").exists()
+    theirs = ({(r["name"], r["target"]): r for r in json.loads((OUT / "executorch.json").read_text())} if reuse
+              else _executorch(jobs) if args.compare_executorch else {})
+    comparable: dict[str, bool] = {}
     ratios: dict[str, dict[str, float]] = {}
     for target, memory_mode in TARGETS:
         print(f"\n{target} ({memory_mode or 'default memory mode'})")
@@ -232,7 +240,7 @@ def zoo(args) -> None:
         for name in models:
             mine = _tosakit(name, *loaded[name], target, memory_mode)
             print(_row(f"{name} tosakit", [fmt.format(get(mine)) for _, get, fmt in _COLUMNS]), flush=True)
-            if not args.compare_executorch:
+            if not theirs:
                 continue
             result = theirs[(name, f"{target}")]
             other = _executorch_figures(result, memory_mode)
@@ -241,7 +249,9 @@ def zoo(args) -> None:
                 continue
             print(_row(f"{name} executorch", [fmt.format(get(other)) for _, get, fmt in _COLUMNS]))
             ratio = {label: _ratio(get(mine), get(other)) for label, get, _ in _COLUMNS if label != "CPU ops"}
-            ratios[f"{name} {target.replace('ethos-', '')}"] = ratio
+            key = f"{name} {target.replace('ethos-', '')}"
+            ratios[key] = ratio
+            comparable[key] = other.cpu_ops <= mine.cpu_ops  # else its cycles leave out work ours include
             print(_row(f"{name} ratio", [f"{ratio[c[0]]:.3f}" if c[0] in ratio else "" for c in _COLUMNS]))
             print(_row("", [f"ideal {math.ceil(mine.macs / mine.macs_per_cycle):,} cycles:",
                             f"tosakit {mine.cycles / max(1, mine.macs / mine.macs_per_cycle):.2f}x,",
@@ -250,11 +260,20 @@ def zoo(args) -> None:
             mine = _tosakit("mv2", *loaded["mv2"], target, memory_mode, firmware_io=True)
             print(_row("mv2 tosakit NHWC int8 I/O", [fmt.format(get(mine)) for _, get, fmt in _COLUMNS]), flush=True)
     if ratios:
+        print("\ncycles ratio (tosakit / ExecuTorch), geometric mean and worst:")
         for target, _ in TARGETS:
             short = target.replace("ethos-", "")
-            cycles = [r["cycles"] for k, r in ratios.items() if k.endswith(short)]
-            print(f"{target}: cycles ratio geometric mean {math.exp(statistics.fmean(map(math.log, cycles))):.3f}, "
-                  f"worst {max(cycles):.3f}")
+            keys = [k for k in ratios if k.endswith(short)]
+            fair = [k for k in keys if comparable[k]]
+            for label, chosen in (("same work on the NPU", fair), ("all models", keys)):
+                cycles = [ratios[k]["cycles"] for k in chosen]
+                if cycles:
+                    print(f"  {target} {label:<22} {math.exp(statistics.fmean(map(math.log, cycles))):.3f}  "
+                          f"worst {max(cycles):.3f}  ({len(cycles)} models)")
+            skipped = sorted(set(keys) - set(fair))
+            if skipped:
+                print(f"  not comparable (ExecuTorch ran compute ops on the CPU that tosakit runs on the NPU): "
+                      f"{', '.join(skipped)}")
         print(f"ratio plot: {_plot_ratios(ratios)}")
 
 
@@ -267,6 +286,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compare-executorch", action="store_true",
                         help="zoo: also compile with ExecuTorch 1.5.1 (side environment) and print the ratios")
+    parser.add_argument("--reuse-executorch", action="store_true",
+                        help="zoo: take ExecuTorch's results from the last run's bench/out/executorch.json")
     parser.add_argument("--models", help=f"zoo: comma-separated subset of {','.join(ZOO)}")
     args = parser.parse_args(argv)
     unknown = [b for b in args.bench if b not in BENCHES]
