@@ -7,10 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-
-def _seed_inputs(*shapes):
-    g = torch.Generator().manual_seed(0)
-    return tuple(torch.randn(*s, generator=g) for s in shapes)
+from op_cases import build_case, flavour_params, seed_inputs
 
 
 class Add(nn.Module):
@@ -150,14 +147,11 @@ CASES = {
 
 
 def _params(flavour):
-    return [pytest.param(name, id=f"{name}_{flavour}") for name, (_, _, flavours) in CASES.items()
-            if flavour in flavours]
+    return flavour_params(CASES, flavour)
 
 
 def _case(name):
-    factory, shapes, _ = CASES[name]
-    torch.manual_seed(0)
-    return factory().eval(), _seed_inputs(*shapes)
+    return build_case(CASES, name)
 
 
 @pytest.mark.parametrize("name", _params("fp"))
@@ -189,21 +183,21 @@ def test_float_softmax_runs_on_the_cpu_without_delegation(harness):
     it runs on the CPU's portable kernel, and delegating it unquantized is refused with the ways out."""
     from tosakit.errors import TosakitError
 
-    compiled = harness.compile(Softmax(), _seed_inputs((2, 10)), "ethos-u55-128", quantize=False, delegate=False)
+    compiled = harness.compile(Softmax(), seed_inputs((2, 10)), "ethos-u55-128", quantize=False, delegate=False)
     assert not compiled.edge.delegates and compiled.program.emitted.kernel_ops == ["aten::_softmax.out"]
     with pytest.raises(TosakitError, match="runs integers only: the model is not quantized"):
-        harness.compile(Softmax(), _seed_inputs((2, 10)), "ethos-u55-128", quantize=False)
+        harness.compile(Softmax(), seed_inputs((2, 10)), "ethos-u55-128", quantize=False)
 
 
 def test_quantized_softmax_runs_on_the_npu(harness):
     """A quantized softmax is decomposed before quantization (amax, sub, exp, sum, reciprocal, mul, each
     with its own qparams), so the whole model is one Ethos-U55 delegate with TABLE ops for exp/reciprocal."""
     model = nn.Sequential(nn.Linear(16, 8), nn.Softmax(dim=-1), nn.Linear(8, 4)).eval()
-    compiled = harness.compile(model, _seed_inputs((1, 16)), "ethos-u55-128", quantize=True)
+    compiled = harness.compile(model, seed_inputs((1, 16)), "ethos-u55-128", quantize=True)
     harness.assert_delegated(compiled)
     [delegate] = compiled.edge.delegates
     assert delegate.tosa_ops.get("TABLE", 0) >= 2 and "REDUCE_SUM" in delegate.tosa_ops
-    harness.assert_checks(compiled, _seed_inputs((1, 16)))
+    harness.assert_checks(compiled, seed_inputs((1, 16)))
 
 
 class Cumsum(nn.Module):
@@ -220,7 +214,7 @@ class Cumsum(nn.Module):
 def test_op_without_lowering_runs_on_cpu_between_delegates(harness, tmp_path, et_oracle):
     """The rest is delegated, the op runs on the CPU between dequantize and quantize, the report says
     why, and the mixed program loads in the ExecuTorch runtime."""
-    inputs = _seed_inputs((1, 16))
+    inputs = seed_inputs((1, 16))
     compiled = harness.compile(Cumsum().eval(), inputs, "ethos-u55-128", quantize=True)
     [left] = harness.cpu_compute(compiled)
     assert left.target == "aten.cumsum.default" and left.reason == "no TOSA lowering for aten.cumsum.default"

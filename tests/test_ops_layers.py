@@ -8,10 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-
-def _seed_inputs(*shapes):
-    g = torch.Generator().manual_seed(0)
-    return tuple(torch.randn(*s, generator=g) for s in shapes)
+from op_cases import build_case, flavour_params, seed_inputs
 
 
 class MatMul(nn.Module):
@@ -154,14 +151,11 @@ CASES = {
 
 
 def _params(flavour):
-    return [pytest.param(name, id=f"{name}_{flavour}") for name, (_, _, flavours) in CASES.items()
-            if flavour in flavours]
+    return flavour_params(CASES, flavour)
 
 
 def _case(name):
-    factory, shapes, _ = CASES[name]
-    torch.manual_seed(0)
-    return factory().eval(), _seed_inputs(*shapes)
+    return build_case(CASES, name)
 
 
 @pytest.mark.parametrize("name", _params("fp"))
@@ -190,7 +184,7 @@ def test_layers_op_u85(harness, name):
 
 def test_adaptive_avg_pool_uneven_windows_refused_with_reason(harness):
     """7x7 to 3x3 needs windows of different sizes: the op stays on the CPU and the reason says so."""
-    compiled = harness.compile(nn.AdaptiveAvgPool2d(3).eval(), _seed_inputs((1, 4, 7, 7)), "TOSA-1.0+FP",
+    compiled = harness.compile(nn.AdaptiveAvgPool2d(3).eval(), seed_inputs((1, 4, 7, 7)), "TOSA-1.0+FP",
                                quantize=False)
     [left] = harness.cpu_compute(compiled)
     assert "adaptive" in left.target and "windows of different sizes" in left.reason
@@ -202,7 +196,7 @@ def test_adaptive_avg_pool_uneven_windows_refused_with_reason(harness):
 ], ids=["bilinear", "nearest_3x"])
 def test_upsample_refused_on_u55_with_reason(harness, module, why):
     """What Ethos-U55 cannot resize stays on the CPU with the limit named (not a Vela failure)."""
-    compiled = harness.compile(nn.Sequential(nn.Conv2d(4, 4, 1), module).eval(), _seed_inputs((1, 4, 4, 4)),
+    compiled = harness.compile(nn.Sequential(nn.Conv2d(4, 4, 1), module).eval(), seed_inputs((1, 4, 4, 4)),
                                "ethos-u55-128", quantize=True)
     [left] = harness.cpu_compute(compiled)
     assert "upsample" in left.target and why in left.reason
@@ -246,7 +240,7 @@ def test_embedding_int64_ids_stay_on_cpu_with_reason(harness):
 
 
 def test_grouped_conv_is_one_conv2d_per_group(harness):
-    compiled = harness.fp(nn.Conv2d(8, 12, 3, 1, 1, groups=4).eval(), _seed_inputs((1, 8, 8, 8)))
+    compiled = harness.fp(nn.Conv2d(8, 12, 3, 1, 1, groups=4).eval(), seed_inputs((1, 8, 8, 8)))
     [delegate] = compiled.edge.delegates
     assert delegate.tosa_ops["CONV2D"] == 4 and delegate.tosa_ops["CONCAT"] == 1
 
@@ -256,6 +250,6 @@ def test_grouped_conv_is_one_conv2d_per_group(harness):
     (nn.ConvTranspose2d(4, 4, 3, 1, dilation=2), "dilation"),
 ], ids=["groups", "dilation"])
 def test_conv_transpose2d_limits_refused_with_reason(harness, module, why):
-    compiled = harness.compile(module.eval(), _seed_inputs((1, 4, 5, 5)), "TOSA-1.0+FP", quantize=False)
+    compiled = harness.compile(module.eval(), seed_inputs((1, 4, 5, 5)), "TOSA-1.0+FP", quantize=False)
     [left] = harness.cpu_compute(compiled)
     assert left.target == "aten.convolution.default" and why in left.reason

@@ -8,12 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from op_cases import seed_inputs
+
 F = nn.functional
-
-
-def _seed_inputs(*shapes):
-    g = torch.Generator().manual_seed(0)
-    return tuple(torch.randn(*s, generator=g) for s in shapes)
 
 
 class Op(nn.Module):
@@ -92,7 +89,7 @@ def _params(flavour):
 def _case(name):
     fn, shapes, conv, _ = CASES[name]
     torch.manual_seed(0)
-    return Op(fn, conv).eval(), _seed_inputs(*shapes)
+    return Op(fn, conv).eval(), seed_inputs(*shapes)
 
 
 @pytest.mark.parametrize("name", _params("fp"))
@@ -142,7 +139,7 @@ def test_argmax(harness, name, flavour, cast):
 
     fn, shapes, conv = ARGMAX_CASES[name]
     module = Op((lambda x: fn(x).to(torch.int32)) if cast else fn, conv).eval()
-    inputs = _seed_inputs(*shapes)
+    inputs = seed_inputs(*shapes)
     quantize = flavour != "fp"
     compiled = harness.compile(module, inputs, ARGMAX_TARGETS[flavour], quantize=quantize)
     harness.assert_delegated(compiled)
@@ -157,7 +154,7 @@ def test_argmax(harness, name, flavour, cast):
 
 def test_argmax_over_128_channels_refused_on_u55(harness):
     """Vela's arg-max takes at most 127 channels on Ethos-U55/U65: the reason says so."""
-    module, inputs = Op(lambda x: x.argmax(1)).eval(), _seed_inputs((1, 200))
+    module, inputs = Op(lambda x: x.argmax(1)).eval(), seed_inputs((1, 200))
     [left] = harness.cpu_compute(harness.compile(module, inputs, "ethos-u55-128", quantize=True))
     assert left.target == "aten.argmax.default" and "at most 127 values" in left.reason
 
@@ -171,25 +168,25 @@ class IndexByInput(nn.Module):
 
 
 def test_gather_refused_on_u55_with_reason(harness):
-    module, inputs = Op(CASES["gather"][0]).eval(), _seed_inputs((2, 3, 3))
+    module, inputs = Op(CASES["gather"][0]).eval(), seed_inputs((2, 3, 3))
     [left] = harness.cpu_compute(harness.compile(module, inputs, "ethos-u55-128", quantize=True))
     assert left.target == "aten.gather.default" and "GATHER" in left.reason and "Ethos-U55" in left.reason
 
 
 def test_index_select_with_run_time_indices_refused_with_reason(harness):
-    inputs = (_seed_inputs((2, 3, 5))[0], torch.tensor([2, 0]))
+    inputs = (seed_inputs((2, 3, 5))[0], torch.tensor([2, 0]))
     [left] = harness.cpu_compute(harness.compile(IndexByInput(), inputs, "TOSA-1.0+FP", quantize=False))
     assert left.target == "aten.index_select.default" and "int64" in left.reason and "index" in left.reason
 
 
 def test_negative_padding_refused_with_reason(harness):
-    module, inputs = Op(lambda x: F.pad(x, (-1, 1))).eval(), _seed_inputs((2, 3, 5))
+    module, inputs = Op(lambda x: F.pad(x, (-1, 1))).eval(), seed_inputs((2, 3, 5))
     [left] = harness.cpu_compute(harness.compile(module, inputs, "TOSA-1.0+FP", quantize=False))
     assert left.target == "aten.constant_pad_nd.default" and "negative padding" in left.reason
 
 
 def test_rank_above_six_refused_with_reason(harness):
-    module, inputs = Op(lambda x: x.reshape(1, 1, 2, 1, 3, 1, 4) * 2).eval(), _seed_inputs((2, 3, 4))
+    module, inputs = Op(lambda x: x.reshape(1, 1, 2, 1, 3, 1, 4) * 2).eval(), seed_inputs((2, 3, 4))
     compiled = harness.compile(module, inputs, "TOSA-1.0+FP", quantize=False)
     left = {p.target: p.reason for p in harness.cpu_compute(compiled)}
     assert "exceeds TOSA's limit of 6" in left["aten.view.default"]

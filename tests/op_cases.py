@@ -1,0 +1,24 @@
+"""Shared by the per-op test tables (test_ops.py, test_ops_layers.py): a case is
+``name -> (module factory, input shapes, flavours)``; inputs are seeded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def seed_inputs(*shapes) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(*s, generator=g) for s in shapes)
+
+
+def flavour_params(cases: dict, flavour: str) -> list:
+    """One pytest param per case that runs in ``flavour``, its id ``<name>_<flavour>``."""
+    return [pytest.param(name, id=f"{name}_{flavour}") for name, (_, _, flavours) in cases.items()
+            if flavour in flavours]
+
+
+def build_case(cases: dict, name: str) -> tuple[torch.nn.Module, tuple]:
+    factory, shapes, _ = cases[name]
+    torch.manual_seed(0)
+    return factory().eval(), seed_inputs(*shapes)
