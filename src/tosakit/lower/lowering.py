@@ -241,9 +241,7 @@ class Lowering:
         perms = [v.order.index(d) for d in order]
         shape = [v.shape[p] for p in perms]
         if _big_dims(v.order, v.torch_shape) == _big_dims(order, v.torch_shape):
-            attr = make_attr("ReshapeAttribute")  # only size-1 dims move: same bytes, new shape
-            return self.emit(Op.RESHAPE, [v, self.g.shape_const(shape)], shape, v.dtype, order=order, q=v.q,
-                             attr=attr)
+            return self.relayout(v, shape, order)  # only size-1 dims move: same bytes, new shape
         attr = make_attr("TransposeAttribute", perms)
         return self.emit(Op.TRANSPOSE, [v], shape, v.dtype, order=order, q=v.q, attr=attr)
 
@@ -258,11 +256,7 @@ class Lowering:
         torch_shape = tuple(int(s) for s in torch_shape)
         if not _order_is_trivial(v):
             v = self.torch_order(v)
-        if tuple(v.shape) == torch_shape:
-            return v.with_(order=identity(len(torch_shape)))
-        attr = make_attr("ReshapeAttribute")
-        return self.emit(Op.RESHAPE, [v, self.g.shape_const(torch_shape)], torch_shape, v.dtype,
-                         order=identity(len(torch_shape)), q=v.q, attr=attr, node=node)
+        return self.relayout(v, torch_shape, identity(len(torch_shape)), node)
 
     def relayout(self, v: Value, shape, order, node: Node | None = None) -> Value:
         """RESHAPE to a TOSA ``shape`` whose dims hold torch dims ``order`` (same bytes, new labels)."""

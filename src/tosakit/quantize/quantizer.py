@@ -309,16 +309,21 @@ SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.defaul
              aten.tensor_split.sections, aten.tensor_split.indices}
 
 
-@annotates(*SPLIT_OPS)
-def _split(node: Node, config: QuantizationConfig) -> None:
-    """Every part shares the input's quantization."""
+def _shared_items(node: Node, config: QuantizationConfig, only: int | None = None) -> None:
+    """The getitem outputs (all, or just item ``only``) share the input's quantization."""
     x = node.args[0]
     if not _is_float_tensor(x):
         return
     _mark(node, {x: config.input_activation})
     for item in node.users:
-        if item.target is operator.getitem:
+        if item.target is operator.getitem and only in (None, item.args[1]):
             _mark(item, {}, SharedQuantizationSpec((x, node)))
+
+
+@annotates(*SPLIT_OPS)
+def _split(node: Node, config: QuantizationConfig) -> None:
+    """Every part shares the input's quantization."""
+    _shared_items(node, config)
 
 
 @annotates(aten.cat.default, aten.concat.default, aten.concatenate.default, aten.stack.default)
@@ -408,13 +413,7 @@ annotates(aten.embedding.default)(_shared)  # GATHER copies int8 rows of the (ac
 @annotates(aten.adaptive_max_pool2d.default)
 def _adaptive_max_pool(node: Node, config: QuantizationConfig) -> None:
     """The values (getitem 0) share the input's quantization; the indices stay integers."""
-    x = node.args[0]
-    if not _is_float_tensor(x):
-        return
-    _mark(node, {x: config.input_activation})
-    for item in node.users:
-        if item.target is operator.getitem and item.args[1] == 0:
-            _mark(item, {}, SharedQuantizationSpec((x, node)))
+    _shared_items(node, config, only=0)
 
 
 class _Builder:

@@ -14,7 +14,7 @@ from torch.fx import Node
 from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr
 from ..tosa_graph import DType, Op, Value, identity
 from . import pool
-from .shape import checks, rank_check, relayout, squeeze_dims, unsqueeze_dim
+from .shape import checks, rank_check, squeeze_dims, unsqueeze_dim
 
 aten = torch.ops.aten
 REDUCE_ATTR = {
@@ -136,14 +136,14 @@ def argmax(ctx: Lowering, node: Node) -> Value:
     order = [d - (d > dim) for d in x.order if d != dim]
     if ctx.spec.is_u55_subset:
         x = ctx.to_order(x, tuple(d for d in x.order if d != dim) + (dim,))
-        x = relayout(ctx, x, (math.prod(shape), x.shape[-1]), identity(2), node)
+        x = ctx.relayout(x, (math.prod(shape), x.shape[-1]), identity(2), node)
         axis = 1
     else:
         axis = x.tosa_dim(dim)
     out_shape = [s for i, s in enumerate(x.shape) if i != axis]
     y = ctx.emit(Op.ARGMAX, [x], out_shape, DType.INT32, order=identity(len(out_shape)),
                  attr=make_attr("ArgMaxAttribute", axis, NAN_PROPAGATE), node=node)
-    y = relayout(ctx, y, shape, order, node)
+    y = ctx.relayout(y, shape, order, node)
     if every:
         return ctx.reshape(y, node.meta["val"].shape, node)
     return unsqueeze_dim(ctx, y, dim, node) if keepdim(node) else y

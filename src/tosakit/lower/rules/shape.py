@@ -61,17 +61,12 @@ def constant_source(a) -> Node | None:
 # ------------------------------------------------------------------ layout-keeping helpers
 
 
-def relayout(ctx: Lowering, v: Value, shape, order, node: Node | None = None) -> Value:
-    """RESHAPE to a TOSA ``shape`` whose dims hold torch dims ``order`` (same bytes, new labels)."""
-    return ctx.relayout(v, shape, order, node)
-
-
 def squeeze_dims(ctx: Lowering, v: Value, dims, node: Node | None = None) -> Value:
     """Drop the size-1 torch ``dims`` where they sit; the other dims keep their layout."""
     gone = {d % v.rank for d in dims if v.torch_shape[d] == 1}
     keep = [i for i, d in enumerate(v.order) if d not in gone]
     order = [v.order[i] - sum(g < v.order[i] for g in gone) for i in keep]
-    return relayout(ctx, v, [v.shape[i] for i in keep], order, node)
+    return ctx.relayout(v, [v.shape[i] for i in keep], order, node)
 
 
 def unsqueeze_dim(ctx: Lowering, v: Value, dim: int, node: Node | None = None) -> Value:
@@ -82,7 +77,7 @@ def unsqueeze_dim(ctx: Lowering, v: Value, dim: int, node: Node | None = None) -
     order.insert(pos, dim)
     shape = list(v.shape)
     shape.insert(pos, 1)
-    return relayout(ctx, v, shape, order, node)
+    return ctx.relayout(v, shape, order, node)
 
 
 def lift(ctx: Lowering, v: Value, rank: int, node: Node | None = None) -> Value:
@@ -90,7 +85,7 @@ def lift(ctx: Lowering, v: Value, rank: int, node: Node | None = None) -> Value:
     k = rank - v.rank
     if k <= 0:
         return v
-    return relayout(ctx, v, (1,) * k + v.shape, tuple(range(k)) + tuple(d + k for d in v.order), node)
+    return ctx.relayout(v, (1,) * k + v.shape, tuple(range(k)) + tuple(d + k for d in v.order), node)
 
 
 def slice_axis(ctx: Lowering, v: Value, axis: int, start: int, size: int, node: Node | None = None) -> Value:
@@ -134,8 +129,8 @@ def reverse(ctx: Lowering, v: Value, axis: int, node: Node | None = None) -> Val
         return ctx.emit(Op.REVERSE, [v], v.shape, v.dtype, like=v, q=v.q,
                         attr=make_attr("ReverseAttribute", axis), node=node)
     view = (1, math.prod(v.shape[:axis]), v.shape[axis], math.prod(v.shape[axis + 1:]))
-    r = reverse(ctx, relayout(ctx, v, view, identity(4), node), 2, node)
-    return relayout(ctx, r, v.shape, v.order, node)
+    r = reverse(ctx, ctx.relayout(v, view, identity(4), node), 2, node)
+    return ctx.relayout(r, v.shape, v.order, node)
 
 
 def pad(ctx: Lowering, v: Value, pads: dict[int, tuple[int, int]], value: float, node: Node | None = None) -> Value:
@@ -225,10 +220,10 @@ def _every_step(ctx: Lowering, v: Value, axis: int, taken: range, node: Node) ->
     v = slice_axis(ctx, v, axis, begin, min(count * step, v.shape[axis] - begin), node)
     v = pad(ctx, v, {axis: (0, count * step - v.shape[axis])}, 0.0, node)
     view = (math.prod(v.shape[:axis]), count, step, math.prod(v.shape[axis + 1:]))
-    picked = slice_axis(ctx, relayout(ctx, v, view, identity(4), node), 2, early, 1, node)
+    picked = slice_axis(ctx, ctx.relayout(v, view, identity(4), node), 2, early, 1, node)
     shape = list(v.shape)
     shape[axis] = count
-    return relayout(ctx, picked, shape, v.order, node)
+    return ctx.relayout(picked, shape, v.order, node)
 
 
 @lowers(aten.slice.Tensor, int16=True, check=checks(_slice_check))
