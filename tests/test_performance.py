@@ -3,13 +3,18 @@ Cycle counts themselves are benchmarks (bench/run.py zoo), not tests."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from tosakit import EthosUCompileSpec, TosakitError
+from tosakit.backends.ethosu import compile_tosa, fastest_transpose
 from tosakit.flow import compile
+from tosakit.lower.tosa_graph import DType
+from tosakit.lower.transpose import FORMS, candidate, transpose_case
 from tosakit.runtime import check_delegates
+from tosakit.runtime.reference import run_tosa
 
 
 class Conv1dChain(nn.Module):
@@ -145,3 +150,52 @@ def test_direct_core_aten_is_what_decomposing_gives():
 
     assert direct_core_aten(export(ReadBeforeInPlace(), (torch.randn(4),))) is None
     assert direct_core_aten(export(Matmul(), (torch.randn(2, 3, 4), torch.randn(2, 4, 5)))) is None
+
+
+BLOCK_SWAPS = [((1, 3, 6, 5), (0, 2, 3, 1)), ((1, 5, 6, 3), (0, 3, 1, 2)), ((2, 4, 3), (0, 2, 1)), ((4, 7), (1, 0)),
+               ((2, 3, 1, 4), (0, 3, 2, 1))]
+
+
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16], ids=["int8", "int16"])
+@pytest.mark.parametrize("shape,perms", BLOCK_SWAPS, ids=[str(p) for _, p in BLOCK_SWAPS])
+def test_transpose_forms_are_exact_int(shape, perms, dtype):
+    """Every form of a block-swapping TRANSPOSE gives the TRANSPOSE's result bit for bit in the TOSA reference
+    model, the dtype's extremes included (the elementwise form's MUL by one and unit RESCALE are exact)."""
+    case = transpose_case(shape, perms, dtype)
+    assert case.forms == FORMS
+    info = np.iinfo(np.int8 if dtype == DType.INT8 else np.int16)
+    x = np.random.default_rng(0).integers(info.min, info.max + 1, size=shape).astype(info.dtype)
+    x.flat[:2] = info.min, info.max
+    for form in FORMS:
+        [got] = run_tosa(candidate(case, form), [x])
+        np.testing.assert_array_equal(got, np.transpose(x, perms), err_msg=form)
+
+
+def test_a_transpose_that_is_no_block_swap_keeps_one_form_int():
+    """Swapping heads and tokens between batch and features ([0, 2, 1, 3]) is not a block swap: TRANSPOSE only."""
+    assert transpose_case((1, 4, 8, 16), (0, 2, 1, 3), DType.INT8).forms == ("transpose",)
+    assert transpose_case((1, 3, 8, 8), (0, 2, 3, 1), DType.INT32).forms == FORMS[:2]  # no exact MUL for int32
+
+
+@pytest.mark.parametrize("target,form", [("ethos-u55-128", "block_swap"), ("ethos-u85-256", "elementwise_swap")])
+def test_image_input_transpose_takes_the_fastest_form_u55_u85(target, form):
+    """NCHW -> NHWC of a 3x224x224 image: the form Vela estimates fastest is picked, at most half the plain
+    TRANSPOSE's cycles (U55 moves a block swap in half the cycles; U85 streams it from an elementwise op)."""
+    case = transpose_case((1, 3, 224, 224), (0, 2, 3, 1), DType.INT8)
+    spec = EthosUCompileSpec(target)
+    cycles = {f: compile_tosa(candidate(case, f), spec).report.total_cycles for f in case.forms}
+    assert fastest_transpose(spec)(case) == form == min(cycles, key=cycles.get)
+    assert cycles[form] <= cycles["transpose"] / 2, cycles
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_conv_net_with_chosen_transposes_matches_u55_u85(target):
+    """A quantized NCHW conv net lowers its boundary TRANSPOSEs in the chosen forms and still matches the
+    fake-quantized model through the TOSA reference model."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    inputs = (torch.randn(1, 3, 64, 64),)
+    compiled = compile(model, inputs, target, quantize=True)
+    [delegate] = compiled.edge.delegates
+    assert delegate.report.cpu_ops == 0
+    assert ("MUL" in delegate.tosa_ops) == (target == "ethos-u85-256"), delegate.tosa_ops
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))

@@ -13,7 +13,7 @@ from typing import Callable
 from torch.fx import GraphModule
 
 from ..errors import TosakitError
-from ..lower import LoweredGraph, lower_partition
+from ..lower import ChooseTranspose, LoweredGraph, lower_partition
 from ..partition.partitioner import extract_subgraph
 from ..specs import ArmCompileSpec
 
@@ -38,6 +38,7 @@ class PreparedDelegate:
 
 Preprocess = Callable[[LoweredGraph, ArmCompileSpec], PreprocessResult]
 BACKENDS: dict[str, Preprocess] = {}
+TRANSPOSE_CHOICE: dict[str, Callable[[ArmCompileSpec], ChooseTranspose]] = {}
 
 
 def backend(backend_id: str):
@@ -48,6 +49,23 @@ def backend(backend_id: str):
         return fn
 
     return register
+
+
+def transpose_choice(backend_id: str):
+    """Register how a backend picks each TRANSPOSE's form (``lower.transpose``) for a compile spec."""
+
+    def register(fn: Callable[[ArmCompileSpec], ChooseTranspose]):
+        TRANSPOSE_CHOICE[backend_id] = fn
+        return fn
+
+    return register
+
+
+def lower_for(gm: GraphModule, spec: ArmCompileSpec) -> LoweredGraph:
+    """Lower a partition to TOSA in the forms ``spec``'s backend compiles best."""
+    _load_all()
+    choice = TRANSPOSE_CHOICE.get(spec.backend_id)
+    return lower_partition(gm, spec.tosa_spec, choose_transpose=choice(spec) if choice else None)
 
 
 def preprocess(backend_id: str, lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
@@ -64,7 +82,7 @@ def prepare_delegate(gm: GraphModule, tag: str, spec: ArmCompileSpec) -> Prepare
     """Lower the nodes tagged ``tag`` to TOSA and compile them for ``spec``'s backend."""
     sub = extract_subgraph(gm, tag)
     original = copy.deepcopy(sub.graph_module)
-    return compile_lowered(original, lower_partition(sub.graph_module, spec.tosa_spec), spec)
+    return compile_lowered(original, lower_for(sub.graph_module, spec), spec)
 
 
 def compile_lowered(original: GraphModule, lowered: LoweredGraph, spec: ArmCompileSpec) -> PreparedDelegate:

@@ -22,6 +22,7 @@ from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequanti
 from ..specs import TosaSpecification
 from .tosa_graph import (NHWC, NUMPY_OF, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity,
                          count_ops, make_attr, quantize_multiplier, storage_order)
+from .transpose import ChooseTranspose, emit_transpose, transpose_case
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
 
@@ -159,9 +160,10 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
 class Lowering:
     """State while lowering one graph: the TOSA builder and the value of every node."""
 
-    def __init__(self, gm: GraphModule, spec: TosaSpecification):
+    def __init__(self, gm: GraphModule, spec: TosaSpecification, choose_transpose: ChooseTranspose | None = None):
         self.gm = gm
         self.spec = spec
+        self.choose_transpose = choose_transpose  # the backend's pick among a TRANSPOSE's equivalent forms
         self.g = TosaGraph()
         self.values: dict[Node, Value] = {}
         self.current: Node | None = None  # the node being lowered
@@ -242,8 +244,10 @@ class Lowering:
         shape = [v.shape[p] for p in perms]
         if _big_dims(v.order, v.torch_shape) == _big_dims(order, v.torch_shape):
             return self.relayout(v, shape, order)  # only size-1 dims move: same bytes, new shape
-        attr = make_attr("TransposeAttribute", perms)
-        return self.emit(Op.TRANSPOSE, [v], shape, v.dtype, order=order, q=v.q, attr=attr)
+        case = transpose_case(v.shape, perms, v.dtype)
+        form = self.choose_transpose(case) if self.choose_transpose and len(case.forms) > 1 else "transpose"
+        location = self.current.name if self.current is not None else None
+        return Value(emit_transpose(self.g, v.name, case, form, location), tuple(shape), v.dtype, order, v.q)
 
     def nhwc(self, v: Value) -> Value:
         return self.to_order(v, NHWC) if v.rank == 4 else v
@@ -457,9 +461,10 @@ class LoweredGraph:
         return count_ops(self.ops)
 
 
-def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False) -> LoweredGraph:
+def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False,
+                choose_transpose: ChooseTranspose | None = None) -> LoweredGraph:
     """Lower a (pass-prepared) partition graph to one TOSA basic block."""
-    ctx = Lowering(gm, spec)
+    ctx = Lowering(gm, spec, choose_transpose)
     inputs = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":

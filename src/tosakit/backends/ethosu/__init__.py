@@ -9,20 +9,21 @@ import numpy as np
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ...errors import TosakitError
-from ...lower import LoweredGraph, TOSAPartitioner, lower_partition
+from ...lower import LoweredGraph, TOSAPartitioner, TransposeCase
+from ...lower.transpose import candidate
 from ...lower.lowering import computes_in_float
 from ...lower.tosa_graph import is_float, isolate
 from ...partition import PartitionResult
 from ...partition.partitioner import extract_subgraph, source_of
 from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
-from .. import PreprocessResult, backend, compile_lowered
+from .. import PreprocessResult, backend, compile_lowered, lower_for, transpose_choice
 from .payload import EthosUPayload, pack_payload, parse_payload
 from .support import limits_for
 from .vela import VelaRefusal, VelaReport, VelaResult, compile_tosa
 
-__all__ = ["EthosUPartitioner", "EthosUPayload", "VelaReport", "VelaResult", "compile_tosa", "pack_payload",
-           "parse_payload"]
+__all__ = ["EthosUPartitioner", "EthosUPayload", "VelaReport", "VelaResult", "compile_tosa", "fastest_transpose",
+           "pack_payload", "parse_payload"]
 
 
 def raw_npz(result: VelaResult) -> bytes:
@@ -59,6 +60,29 @@ def preprocess(lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
     return PreprocessResult(pack_payload(result), result.report,
                             {"tosa": lowered.tosa, "vela.npz": raw_npz(result),
                              "vela_summary.txt": result.report.summary().encode()})
+
+
+_TRANSPOSE_FORMS: dict[tuple, str] = {}
+
+
+@transpose_choice("EthosUBackend")
+def fastest_transpose(spec: EthosUCompileSpec):
+    """Each TRANSPOSE in the form Vela estimates fastest for this NPU and memory system (each form
+    compiled alone; ties go to the plain TRANSPOSE)."""
+
+    def choose(case: TransposeCase) -> str:
+        key = (tuple(spec.compiler_flags), case)
+        if key not in _TRANSPOSE_FORMS:
+            cycles = {}
+            for form in case.forms:
+                try:
+                    cycles[form] = compile_tosa(candidate(case, form), spec).report.total_cycles
+                except TosakitError:
+                    continue  # a form this Vela refuses (or cannot fit) is not a candidate
+            _TRANSPOSE_FORMS[key] = min(cycles, key=cycles.get, default="transpose")
+        return _TRANSPOSE_FORMS[key]
+
+    return choose
 
 
 def _refuse_float_program(gm, spec: EthosUCompileSpec) -> None:
@@ -110,7 +134,7 @@ class EthosUPartitioner(TOSAPartitioner):
         refused: dict[str, str] = {}
         for tag in result.partition_tags:
             sub = extract_subgraph(result.graph_module, tag)
-            lowered = lower_partition(copy.deepcopy(sub.graph_module), self.compile_spec.tosa_spec)
+            lowered = lower_for(copy.deepcopy(sub.graph_module), self.compile_spec)
             for op in lowered.ops:
                 why = self.limits.refusal(op)
                 if why and op.location and op.location not in refused and not self._vela_accepts(op):
