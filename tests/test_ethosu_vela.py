@@ -244,6 +244,11 @@ def test_report_matches_vela_summary(with_vela_cli, graph, target, extra):
         assert op.name == row[15]
         if op.cycles:
             assert round(op.mac_utilisation * 100, 2) == float(row[14])
+        access = dict(zip(("SRAM", "DRAM", "On-chip Flash", "Off-chip Flash"), (int(row[i]) for i in range(8, 12))))
+        memory = max(access, key=access.get)
+        bound = memory if int(row[7]) < int(row[5]) and access[memory] > int(row[7]) else "NPU"
+        assert op.bound_by == bound
+    assert sum(report.bound_by.values()) == pytest.approx(1.0) or not report.total_cycles
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -199,3 +199,18 @@ def test_conv_net_with_chosen_transposes_matches_u55_u85(target):
     assert delegate.report.cpu_ops == 0
     assert ("MUL" in delegate.tosa_ops) == (target == "ethos-u85-256"), delegate.tosa_ops
     assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
+def test_weight_streaming_layer_is_reported_flash_bound_u55():
+    """A 512x512 linear layer on U55 Shared_Sram waits on its weights in off-chip flash: the per-op row and the
+    summary say so (a conv on a large image is NPU-bound)."""
+    model = nn.Sequential(nn.Linear(512, 512)).eval()
+    [delegate] = compile(model, (torch.randn(1, 512),), "ethos-u55-128", quantize=True).edge.delegates
+    [fc] = [o for o in delegate.report.per_op if o.tosa_op == "CONV2D"]
+    assert fc.bound_by == "Off-chip Flash" and fc.cycles > fc.npu_cycles
+    assert "cycles bound by: Off-chip Flash" in delegate.report.summary()
+    assert "Sram_Only" in delegate.report.memory_hint
+    conv = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1)).eval()
+    [delegate] = compile(conv, (torch.randn(1, 16, 64, 64),), "ethos-u55-128", quantize=True).edge.delegates
+    assert [o.bound_by for o in delegate.report.per_op if o.tosa_op == "CONV2D"] == ["NPU"]
+    assert delegate.report.memory_hint is None

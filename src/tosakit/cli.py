@@ -198,7 +198,7 @@ def _vela_dict(report) -> dict | None:
         return None
     fields = ("sram_used_bytes", "offchip_used_bytes", "npu_cycles", "total_cycles", "mac_count", "npu_ops",
               "cpu_ops", "inference_time_s", "clock_hz", "system_config", "memory_mode", "macs_per_cycle",
-              "mac_utilisation", "ideal_cycles")
+              "mac_utilisation", "ideal_cycles", "bound_by")
     out = {f: getattr(report, f, None) for f in fields}
     out["per_op"] = [vars(o) for o in report.per_op]
     return out
@@ -224,6 +224,10 @@ def summary(output: Path, edge, program, seconds: float) -> str:
                          f"({r.inference_time_s * 1e3:.3f} ms at {r.clock_hz / 1e6:.0f} MHz), "
                          f"MAC utilisation {100 * r.mac_utilisation:.1f}%, "
                          f"{r.npu_ops} NPU op(s), {r.cpu_ops} CPU op(s)")
+            if r.bound_by:
+                lines.append("  cycles bound by: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r.bound_by.items()))
+            if r.memory_hint:
+                lines.append(f"  hint: {r.memory_hint}")
     for p in on_cpu:
         where = f" [{p.source}]" if p.source else ""
         lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{where}")

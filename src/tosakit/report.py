@@ -45,7 +45,8 @@ def snr_plot(layers) -> str | None:
 
 
 def cycles_plot(per_op) -> str | None:
-    """Vela's estimated cycles per operator (bars) and MAC utilisation (line), in graph order."""
+    """Vela's estimated cycles per operator (bars, coloured by what bounds them) and MAC utilisation (line),
+    in graph order."""
     ops = [o for o in per_op if o.cycles > 0]
     if not ops:
         return None
@@ -56,7 +57,11 @@ def cycles_plot(per_op) -> str | None:
 
     fig, ax = plt.subplots(figsize=(max(6.0, len(ops) * 0.12), 3.2))
     xs = range(len(ops))
-    ax.bar(xs, [o.cycles for o in ops], color="#2a6fdb", label="cycles")
+    colours = dict(zip(dict.fromkeys(o.bound_by for o in ops), ("#2a6fdb", "#c0392b", "#27ae60", "#8e44ad")))
+    for bound, colour in colours.items():
+        picked = [(x, o.cycles) for x, o in zip(xs, ops) if o.bound_by == bound]
+        ax.bar([x for x, _ in picked], [c for _, c in picked], color=colour, label=f"cycles, {bound}-bound")
+    ax.legend(loc="upper left", fontsize=8)
     ax.set_xlabel("operator (graph order)")
     ax.set_ylabel("cycles")
     util = ax.twinx()
@@ -134,8 +139,8 @@ def write_html(path: Path, title: str, edge, program=None, verification=None) ->
             if png:
                 parts.append(f'<img alt="cycles per operator" src="data:image/png;base64,{png}">')
             parts.append("<details><summary>Per operator</summary>" + _table(
-                ["name", "operator", "TOSA op", "cycles", "MACs", "MAC utilisation"],
-                [[o.name, o.operator, o.tosa_op or "", f"{o.cycles:,}", f"{o.macs:,}",
+                ["name", "operator", "TOSA op", "cycles", "bound by", "MACs", "MAC utilisation"],
+                [[o.name, o.operator, o.tosa_op or "", f"{o.cycles:,}", o.bound_by, f"{o.macs:,}",
                   f"{100 * o.mac_utilisation:.1f}%"] for o in r.per_op]) + "</details>")
     parts.append("<h2>Where each op runs</h2>")
     parts.append(_table(["node", "op", "runs on", "why not delegated", "source"],

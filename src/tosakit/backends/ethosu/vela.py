@@ -49,6 +49,7 @@ class VelaOpPerf:
     macs: int
     staging_bytes: int
     mac_utilisation: float  # macs / (cycles * MACs per cycle), 0.0 when it takes no cycles
+    bound_by: str = "NPU"  # what sets its cycles: "NPU" (compute) or the memory whose accesses take longest
 
 
 @dataclass
@@ -85,6 +86,15 @@ class VelaReport:
         """Cycles at full MAC use: the floor the compiler's cycle count is measured against."""
         return -(-self.mac_count // self.macs_per_cycle) if self.macs_per_cycle else 0
 
+    @property
+    def bound_by(self) -> dict[str, float]:
+        """The share of the cycles spent in operators bound by NPU compute and by each memory."""
+        shares: dict[str, float] = {}
+        for o in self.per_op:
+            shares[o.bound_by] = shares.get(o.bound_by, 0) + o.cycles
+        total = sum(shares.values())
+        return {k: v / total for k, v in sorted(shares.items(), key=lambda kv: -kv[1])} if total else {}
+
     def summary(self) -> str:
         """A few lines in the spirit of Vela's network summary."""
         lines = [f"Vela estimate for {self.target} ({self.system_config}, {self.memory_mode}, "
@@ -94,7 +104,22 @@ class VelaReport:
         lines.append(f"  MACs: {self.mac_count}, cycles: {self.total_cycles} (NPU {self.npu_cycles})")
         lines.append(f"  inference time: {self.inference_time_s * 1e3:.3f} ms; MAC utilisation "
                      f"{100 * self.mac_utilisation:.1f}% (ideal {self.ideal_cycles} cycles)")
+        if self.bound_by:
+            lines.append("  cycles bound by: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in self.bound_by.items()))
+        if self.memory_hint:
+            lines.append(f"  hint: {self.memory_hint}")
         return "\n".join(lines)
+
+    @property
+    def memory_hint(self) -> str | None:
+        """What to try when a third or more of the cycles wait on flash or DRAM rather than compute."""
+        slow = {k: v for k, v in self.bound_by.items() if k in ("Off-chip Flash", "DRAM") and v >= 1 / 3}
+        if not slow:
+            return None
+        memory, share = next(iter(slow.items()))
+        return (f"{100 * share:.0f}% of the cycles wait on {memory} (weights streaming in): memory mode Sram_Only "
+                f"keeps the {self.weights_encoded_bytes / 1024:.0f} KiB of encoded weights in SRAM if the system "
+                "has room; on U65/U85, Dedicated_Sram caches them")
 
 
 @dataclass
@@ -463,8 +488,18 @@ def _per_op(model, tosa: bytes, macs_per_cycle: int) -> list[VelaOpPerf]:
             macs=macs,
             staging_bytes=int(row.get("staging_usage") or 0),
             mac_utilisation=macs / (cycles * macs_per_cycle) if cycles else 0.0,
+            bound_by=_bound_by(row, cycles),
         ))
     return ops
+
+
+def _bound_by(row: dict[str, str], cycles: int) -> str:
+    """"NPU" when compute sets an operator's cycles, else the memory (``<Memory>_ac`` columns) that does."""
+    npu = int(row.get("npu_cycles") or 0)
+    access = {_MEMORY_LABELS[k[:-3].lower()]: int(v or 0) for k, v in row.items()
+              if k.endswith("_ac") and k[:-3].lower() in _MEMORY_LABELS}
+    memory = max(access, key=access.get, default=None)
+    return memory if memory is not None and npu < cycles and access[memory] > npu else "NPU"
 
 
 def _report(model, tosa: bytes, opts: VelaOptions, config: _VelaConfig) -> VelaReport:
