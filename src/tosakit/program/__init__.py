@@ -66,7 +66,7 @@ class LoweredBackendModule(torch.nn.Module):
 
     def __init__(self, backend_id: str, processed_bytes: bytes, compile_specs: list[CompileSpec],
                  original_module: GraphModule, tosa: bytes, tosa_spec, report=None, op_count=None,
-                 named_data=None):
+                 named_data=None, input_orders=(), output_orders=()):
         super().__init__()
         self.tosa_spec = tosa_spec
         self.backend_id = backend_id
@@ -77,8 +77,8 @@ class LoweredBackendModule(torch.nn.Module):
         self.report = report
         self.op_count = op_count or {}
         self.named_data: dict[str, bytes] = named_data or {}
-        self.input_orders: list[tuple[int, ...]] = []  # each TOSA input's dims, as torch dims
-        self.output_orders: list[tuple[int, ...]] = []
+        self.input_orders: list[tuple[int, ...]] = list(input_orders)  # each TOSA input's dims, as torch dims
+        self.output_orders: list[tuple[int, ...]] = list(output_orders)
 
     def forward(self, *args):
         """Run the replaced graph in PyTorch (float or fake-quantized reference semantics)."""
@@ -246,9 +246,8 @@ def _fuse(gm: GraphModule, tag: str, spec, index: int, prepared: PreparedDelegat
     name = f"lowered_module_{index}"
     named = {tosa_key(result.processed_bytes): lowered.tosa} if spec.embed_tosa else {}
     module = LoweredBackendModule(spec.backend_id, result.processed_bytes, spec.to_list(), original, lowered.tosa,
-                                  spec.tosa_spec, result.report, lowered.op_count, named)
-    module.input_orders = [v.order for v in lowered.inputs]
-    module.output_orders = [v.order for v in lowered.outputs]
+                                  spec.tosa_spec, result.report, lowered.op_count, named,
+                                  [v.order for v in lowered.inputs], [v.order for v in lowered.outputs])
     gm.add_module(name, module)
     members = [n for n in gm.graph.nodes if n.meta.get(TAG_KEY) == tag]
     with gm.graph.inserting_after(members[-1]):
