@@ -9,10 +9,12 @@ import torch
 from torch import nn
 
 from tosakit import EthosUCompileSpec, TosakitError
-from tosakit.backends.ethosu import compile_tosa, fastest_transpose
+from tosakit.backends.ethosu import compile_tosa, fastest_form
 from tosakit.flow import compile
+from tosakit.lower.lowering import tosa_pads
+from tosakit.lower.rules.conv import StemCase
 from tosakit.lower.tosa_graph import DType
-from tosakit.lower.transpose import FORMS, candidate, transpose_case
+from tosakit.lower.transpose import FORMS, transpose_case
 from tosakit.runtime import check_delegates
 from tosakit.runtime.reference import run_tosa
 
@@ -167,7 +169,7 @@ def test_transpose_forms_are_exact_int(shape, perms, dtype):
     x = np.random.default_rng(0).integers(info.min, info.max + 1, size=shape).astype(info.dtype)
     x.flat[:2] = info.min, info.max
     for form in FORMS:
-        [got] = run_tosa(candidate(case, form), [x])
+        [got] = run_tosa(case.candidate(form), [x])
         np.testing.assert_array_equal(got, np.transpose(x, perms), err_msg=form)
 
 
@@ -183,8 +185,8 @@ def test_image_input_transpose_takes_the_fastest_form_u55_u85(target, form):
     TRANSPOSE's cycles (U55 moves a block swap in half the cycles; U85 streams it from an elementwise op)."""
     case = transpose_case((1, 3, 224, 224), (0, 2, 3, 1), DType.INT8)
     spec = EthosUCompileSpec(target)
-    cycles = {f: compile_tosa(candidate(case, f), spec).report.total_cycles for f in case.forms}
-    assert fastest_transpose(spec)(case) == form == min(cycles, key=cycles.get)
+    cycles = {f: compile_tosa(case.candidate(f), spec).report.total_cycles for f in case.forms}
+    assert fastest_form(spec)(case) == form == min(cycles, key=cycles.get)
     assert cycles[form] <= cycles["transpose"] / 2, cycles
 
 
@@ -214,3 +216,47 @@ def test_weight_streaming_layer_is_reported_flash_bound_u55():
     [delegate] = compile(conv, (torch.randn(1, 16, 64, 64),), "ethos-u55-128", quantize=True).edge.delegates
     assert [o.bound_by for o in delegate.report.per_op if o.tosa_op == "CONV2D"] == ["NPU"]
     assert delegate.report.memory_hint is None
+
+
+STEMS = [(16, 3, 3, 1, DType.INT8), (32, 3, 7, 3, DType.INT8), (16, 2, 2, 0, DType.INT8), (18, 1, 5, 2, DType.INT8),
+         (16, 4, 4, 1, DType.INT16), (20, 3, 3, 1, DType.INT16)]
+
+
+@pytest.mark.parametrize("size,channels,kernel,pad,dtype", STEMS, ids=[f"k{s[2]}p{s[3]}c{s[1]}" for s in STEMS])
+def test_stem_forms_are_exact_int(size, channels, kernel, pad, dtype):
+    """A stride-2 stem convolution and its space-to-depth forms (patches swapped into channels, a stride-1
+    convolution with rearranged weights) give the same integers in the TOSA reference model."""
+    pads = tuple(tosa_pads((size, size), (kernel, kernel), (2, 2), (pad, pad)))
+    case = StemCase((1, size, size, channels), (kernel, kernel), 8, pads, dtype)
+    assert case.applies() and len(case.forms) == 4
+    info = np.iinfo(np.int8 if dtype == DType.INT8 else np.int16)
+    x = np.random.default_rng(1).integers(info.min, info.max + 1, (1, size, size, channels)).astype(info.dtype)
+    [want] = run_tosa(case.candidate("conv"), [x])
+    assert np.count_nonzero(want) > want.size // 2
+    for form in case.forms[1:]:
+        [got] = run_tosa(case.candidate(form), [x])
+        np.testing.assert_array_equal(got, want, err_msg=form)
+
+
+class Stem(nn.Module):
+    """An image network's first layers: a 7x7 stride-2 convolution over RGB, then a 3x3 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3), nn.ReLU(), nn.Conv2d(16, 16, 3, 1, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_image_stem_runs_as_space_to_depth_u55_u85(target):
+    """Vela estimates the 7x7 RGB stem faster over 2x2 patches: the delegate's first CONV2D reads 12 channels,
+    and the program still matches the fake-quantized model."""
+    inputs = (torch.randn(1, 3, 96, 96),)
+    compiled = compile(Stem().eval(), inputs, target, quantize=True)
+    [delegate] = compiled.edge.delegates
+    assert delegate.report.cpu_ops == 0
+    convs = [o for o in delegate.report.per_op if o.tosa_op == "CONV2D"]
+    assert len(convs) == 2 and convs[0].macs == 48 * 48 * 16 * 4 * 4 * 12, convs[0]
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))

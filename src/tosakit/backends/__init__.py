@@ -13,7 +13,7 @@ from typing import Callable
 from torch.fx import GraphModule
 
 from ..errors import TosakitError
-from ..lower import ChooseTranspose, LoweredGraph, lower_partition
+from ..lower import ChooseForm, LoweredGraph, lower_partition
 from ..partition.partitioner import extract_subgraph
 from ..specs import ArmCompileSpec
 
@@ -38,7 +38,7 @@ class PreparedDelegate:
 
 Preprocess = Callable[[LoweredGraph, ArmCompileSpec], PreprocessResult]
 BACKENDS: dict[str, Preprocess] = {}
-TRANSPOSE_CHOICE: dict[str, Callable[[ArmCompileSpec], ChooseTranspose]] = {}
+FORM_CHOICE: dict[str, Callable[[ArmCompileSpec], ChooseForm]] = {}
 
 
 def backend(backend_id: str):
@@ -51,11 +51,11 @@ def backend(backend_id: str):
     return register
 
 
-def transpose_choice(backend_id: str):
-    """Register how a backend picks each TRANSPOSE's form (``lower.transpose``) for a compile spec."""
+def form_choice(backend_id: str):
+    """Register how a backend picks among equivalent lowerings (``lower.transpose``) for a compile spec."""
 
-    def register(fn: Callable[[ArmCompileSpec], ChooseTranspose]):
-        TRANSPOSE_CHOICE[backend_id] = fn
+    def register(fn: Callable[[ArmCompileSpec], ChooseForm]):
+        FORM_CHOICE[backend_id] = fn
         return fn
 
     return register
@@ -64,8 +64,8 @@ def transpose_choice(backend_id: str):
 def lower_for(gm: GraphModule, spec: ArmCompileSpec) -> LoweredGraph:
     """Lower a partition to TOSA in the forms ``spec``'s backend compiles best."""
     _load_all()
-    choice = TRANSPOSE_CHOICE.get(spec.backend_id)
-    return lower_partition(gm, spec.tosa_spec, choose_transpose=choice(spec) if choice else None)
+    choice = FORM_CHOICE.get(spec.backend_id)
+    return lower_partition(gm, spec.tosa_spec, choose=choice(spec) if choice else None)
 
 
 def preprocess(backend_id: str, lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:

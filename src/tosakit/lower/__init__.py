@@ -18,11 +18,12 @@ from ..specs import ArmCompileSpec, TosaSpecification
 from . import rules  # noqa: F401  (fills the rule table)
 from .lowering import RULES, LoweredGraph, OpSupport, lower_graph, support_reason
 from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, quantized_io, run
-from .transpose import ChooseTranspose, TransposeCase
+from .transpose import Case, ChooseForm, TransposeCase
 
 __all__ = [
     "RULES",
-    "ChooseTranspose",
+    "Case",
+    "ChooseForm",
     "TransposeCase",
     "OpSupport",
     "LoweredGraph",
@@ -40,10 +41,10 @@ def prepare_program(gm: GraphModule) -> GraphModule:
 
 
 def lower_partition(gm: GraphModule, tosa_spec: TosaSpecification, probes: bool = False,
-                    choose_transpose: ChooseTranspose | None = None) -> LoweredGraph:
+                    choose: ChooseForm | None = None) -> LoweredGraph:
     """Run the partition passes, then lower the graph to TOSA (``probes``: every op's result an output too;
-    ``choose_transpose``: the backend's pick of form for each TRANSPOSE)."""
-    return lower_graph(run(PARTITION_PIPELINE, gm), tosa_spec, probes, choose_transpose)
+    ``choose``: the backend's pick among equivalent forms, e.g. of each TRANSPOSE)."""
+    return lower_graph(run(PARTITION_PIPELINE, gm), tosa_spec, probes, choose)
 
 
 class TOSAPartitioner:

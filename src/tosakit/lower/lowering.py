@@ -22,7 +22,7 @@ from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequanti
 from ..specs import TosaSpecification
 from .tosa_graph import (NHWC, NUMPY_OF, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity,
                          count_ops, make_attr, quantize_multiplier, storage_order)
-from .transpose import ChooseTranspose, emit_transpose, transpose_case
+from .transpose import Case, ChooseForm, emit_transpose, transpose_case
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
 
@@ -160,10 +160,10 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
 class Lowering:
     """State while lowering one graph: the TOSA builder and the value of every node."""
 
-    def __init__(self, gm: GraphModule, spec: TosaSpecification, choose_transpose: ChooseTranspose | None = None):
+    def __init__(self, gm: GraphModule, spec: TosaSpecification, choose: ChooseForm | None = None):
         self.gm = gm
         self.spec = spec
-        self.choose_transpose = choose_transpose  # the backend's pick among a TRANSPOSE's equivalent forms
+        self.choose = choose  # the backend's pick among equivalent forms (None: each case's first form)
         self.g = TosaGraph()
         self.values: dict[Node, Value] = {}
         self.current: Node | None = None  # the node being lowered
@@ -245,9 +245,13 @@ class Lowering:
         if _big_dims(v.order, v.torch_shape) == _big_dims(order, v.torch_shape):
             return self.relayout(v, shape, order)  # only size-1 dims move: same bytes, new shape
         case = transpose_case(v.shape, perms, v.dtype)
-        form = self.choose_transpose(case) if self.choose_transpose and len(case.forms) > 1 else "transpose"
+        form = self.form_of(case)
         location = self.current.name if self.current is not None else None
         return Value(emit_transpose(self.g, v.name, case, form, location), tuple(shape), v.dtype, order, v.q)
+
+    def form_of(self, case: Case) -> str:
+        """The form to emit ``case`` in: the backend's pick, or the case's first (plain) form."""
+        return self.choose(case) if self.choose is not None and len(case.forms) > 1 else case.forms[0]
 
     def nhwc(self, v: Value) -> Value:
         return self.to_order(v, NHWC) if v.rank == 4 else v
@@ -462,9 +466,9 @@ class LoweredGraph:
 
 
 def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False,
-                choose_transpose: ChooseTranspose | None = None) -> LoweredGraph:
+                choose: ChooseForm | None = None) -> LoweredGraph:
     """Lower a (pass-prepared) partition graph to one TOSA basic block."""
-    ctx = Lowering(gm, spec, choose_transpose)
+    ctx = Lowering(gm, spec, choose)
     inputs = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":

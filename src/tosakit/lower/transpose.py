@@ -1,5 +1,8 @@
 """Equivalent TOSA forms of one TRANSPOSE; a backend picks the form its compiler runs fastest.
 
+A case (this TransposeCase, or the convolution stem's ``StemCase``) lists its ``forms`` and builds a
+``candidate`` graph for each; the backend's ``ChooseForm`` measures them and names the one to emit.
+
 Most layout changes (NCHW <-> NHWC at a delegate's edge, a view after a convolution) swap two
 blocks of dimensions: memory ``[outer, X, Y]`` becomes ``[outer, Y, X]``. Vela runs such a swap at
 very different speeds depending on how it is spelled:
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import tosa_serializer as ts
@@ -47,6 +50,12 @@ class TransposeCase:
         if self.blocks is None:
             return FORMS[:1]
         return FORMS if self.dtype in SWAPPABLE else FORMS[:2]
+
+    def candidate(self, form: str) -> bytes:
+        """A TOSA graph of just this TRANSPOSE in ``form``, for a backend to measure."""
+        g = TosaGraph()
+        g.output(emit_transpose(g, g.input(self.shape, self.dtype), self, form))
+        return g.serialize()
 
 
 def transpose_case(shape, perms, dtype) -> TransposeCase:
@@ -92,11 +101,13 @@ def emit_transpose(g: TosaGraph, x: str, case: TransposeCase, form: str, locatio
                 make_attr("ReshapeAttribute"), location)
 
 
-def candidate(case: TransposeCase, form: str) -> bytes:
-    """A TOSA graph of just ``case`` in ``form``, for a backend to measure."""
-    g = TosaGraph()
-    g.output(emit_transpose(g, g.input(case.shape, case.dtype), case, form))
-    return g.serialize()
+class Case(Protocol):
+    """A lowering choice: its equivalent forms, and a TOSA graph of each to measure."""
+
+    @property
+    def forms(self) -> tuple[str, ...]: ...
+
+    def candidate(self, form: str) -> bytes: ...
 
 
-ChooseTranspose = Callable[[TransposeCase], str]
+ChooseForm = Callable[[Case], str]

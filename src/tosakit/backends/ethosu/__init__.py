@@ -9,20 +9,19 @@ import numpy as np
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ...errors import TosakitError
-from ...lower import LoweredGraph, TOSAPartitioner, TransposeCase
-from ...lower.transpose import candidate
+from ...lower import Case, LoweredGraph, TOSAPartitioner
 from ...lower.lowering import computes_in_float
 from ...lower.tosa_graph import is_float, isolate
 from ...partition import PartitionResult
 from ...partition.partitioner import extract_subgraph, source_of
 from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
-from .. import PreprocessResult, backend, compile_lowered, lower_for, transpose_choice
+from .. import PreprocessResult, backend, compile_lowered, form_choice, lower_for
 from .payload import EthosUPayload, pack_payload, parse_payload
 from .support import limits_for
 from .vela import VelaRefusal, VelaReport, VelaResult, compile_tosa
 
-__all__ = ["EthosUPartitioner", "EthosUPayload", "VelaReport", "VelaResult", "compile_tosa", "fastest_transpose",
+__all__ = ["EthosUPartitioner", "EthosUPayload", "VelaReport", "VelaResult", "compile_tosa", "fastest_form",
            "pack_payload", "parse_payload"]
 
 
@@ -62,25 +61,25 @@ def preprocess(lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
                              "vela_summary.txt": result.report.summary().encode()})
 
 
-_TRANSPOSE_FORMS: dict[tuple, str] = {}
+_FASTEST: dict[tuple, str] = {}
 
 
-@transpose_choice("EthosUBackend")
-def fastest_transpose(spec: EthosUCompileSpec):
-    """Each TRANSPOSE in the form Vela estimates fastest for this NPU and memory system (each form
-    compiled alone; ties go to the plain TRANSPOSE)."""
+@form_choice("EthosUBackend")
+def fastest_form(spec: EthosUCompileSpec):
+    """Each lowering choice (a TRANSPOSE's form, a convolution stem's) in the form Vela estimates fastest
+    for this NPU and memory system: each form compiled alone, ties to the first (plain) form."""
 
-    def choose(case: TransposeCase) -> str:
+    def choose(case: Case) -> str:
         key = (tuple(spec.compiler_flags), case)
-        if key not in _TRANSPOSE_FORMS:
+        if key not in _FASTEST:
             cycles = {}
             for form in case.forms:
                 try:
-                    cycles[form] = compile_tosa(candidate(case, form), spec).report.total_cycles
+                    cycles[form] = compile_tosa(case.candidate(form), spec).report.total_cycles
                 except TosakitError:
                     continue  # a form this Vela refuses (or cannot fit) is not a candidate
-            _TRANSPOSE_FORMS[key] = min(cycles, key=cycles.get, default="transpose")
-        return _TRANSPOSE_FORMS[key]
+            _FASTEST[key] = min(cycles, key=cycles.get, default=case.forms[0])
+        return _FASTEST[key]
 
     return choose
 

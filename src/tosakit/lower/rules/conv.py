@@ -3,13 +3,17 @@ in INT; grouped convolution runs one CONV2D per group and a CONCAT."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+import tosa_serializer as ts
 from torch.fx import Node
 
 from ...quantize.qdq import QParams
-from ..lowering import Lowering, accumulator, is_constant, int_dtype, lowers, make_attr, tosa_pads
-from ..tosa_graph import NHWC, DType, Op, Value
+from ..lowering import Lowering, accumulator, is_constant, int_dtype, lowers, make_attr, quantize_multiplier, tosa_pads
+from ..tosa_graph import NHWC, DType, Op, TosaGraph, Value
+from ..transpose import SWAPPABLE, TransposeCase, emit_transpose, transpose_case
 
 aten = torch.ops.aten
 
@@ -96,6 +100,106 @@ def concat(ctx: Lowering, vals: list[Value], axis: int, node: Node | None = None
                     attr=make_attr("ConcatAttribute", axis), node=node)
 
 
+@dataclass(frozen=True)
+class StemCase:
+    """A stride-2 convolution over few channels (an image network's first layer) on an NHWC ``[1, H, W, C]``
+    input. Its ``space_to_depth`` form swaps each 2x2 patch into channels ([H/2, W/2, 4C]) and runs a
+    stride-1 convolution with the weights rearranged (zeros where the patch falls outside the kernel): the
+    same sums, so the same integers, with 4x deeper input that fills the NPU's MACs (ResNet-18's 7x7 stem on
+    Ethos-U55: 2.61 M -> 1.61 M cycles, plus 0.11 M for the swap)."""
+
+    in_shape: tuple[int, int, int, int]
+    kernel: tuple[int, int]
+    out_channels: int
+    pads: tuple[int, int, int, int]  # TOSA pads of the stride-2 convolution
+    dtype: object
+
+    @property
+    def swap(self) -> TransposeCase:
+        """[Y, dy, (X dx c)] -> [Y, (X dx c), dy]: the patches as channels, in (dx, c, dy) order."""
+        _, h, w, c = self.in_shape
+        return transpose_case((1, h // 2, 2, w * c), (0, 1, 3, 2), self.dtype)
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        return ("conv", *(f"space_to_depth+{f}" for f in self.swap.forms))
+
+    def stem_pads(self) -> list[int]:
+        """The stride-1 convolution's pads (each side's patches of padding), and its kernel size, per axis."""
+        out = []
+        for (top, bottom), k, size in zip((self.pads[:2], self.pads[2:]), self.kernel, self.in_shape[1:3]):
+            k2 = (k - 1 - top) // 2 + (top + 1) // 2 + 1
+            top2 = (top + 1) // 2
+            span = size - 1 + top + bottom - (k - 1)  # the stride-2 output is span // 2 + 1 rows
+            out += [top2, span // 2 + 1 - size // 2 - top2 + k2 - 1, k2]
+        return out
+
+    def weights(self, w: np.ndarray) -> np.ndarray:
+        """OHWI weights of the stride-2 convolution rearranged for the stride-1 one over patches."""
+        oc, k_h, k_w, c = w.shape
+        top, _, kh2, left, _, kw2 = self.stem_pads()
+        out = np.zeros((oc, kh2, kw2, 2, c, 2), w.dtype)  # channel order (dx, c, dy)
+        for ky in range(kh2):
+            for dy in range(2):
+                kh = 2 * ky + dy - 2 * top + self.pads[0]
+                for kx in range(kw2):
+                    for dx in range(2):
+                        kw = 2 * kx + dx - 2 * left + self.pads[2]
+                        if 0 <= kh < k_h and 0 <= kw < k_w:
+                            out[:, ky, kx, dx, :, dy] = w[:, kh, kw, :]
+        return out.reshape(oc, kh2, kw2, 4 * c)
+
+    def applies(self) -> bool:
+        top, bottom, _, left, right, _ = self.stem_pads()
+        return min(top, bottom, left, right, *self.pads) >= 0
+
+    def candidate(self, form: str) -> bytes:
+        """The convolution alone in ``form`` (seeded weights, a unit requantization), for measuring."""
+        g = TosaGraph()
+        x = g.input(self.in_shape, self.dtype)
+        w = np.random.default_rng(0).integers(-127, 128, (self.out_channels, *self.kernel, self.in_shape[3]))
+        acc = DType.INT32 if self.dtype == DType.INT8 else DType.INT48
+        zps = [g.zero_point(0, self.dtype), g.zero_point(0, DType.INT8)]
+        x, w, pads, stride = emit_stem(g, x, self, form, w.astype(np.int8))
+        out = [1, (self.in_shape[1] + self.pads[0] + self.pads[1] - self.kernel[0]) // 2 + 1,
+               (self.in_shape[2] + self.pads[2] + self.pads[3] - self.kernel[1]) // 2 + 1, self.out_channels]
+        y = g.op(Op.CONV2D, [x, g.const(w, DType.INT8), g.const(np.zeros(self.out_channels), acc), *zps], out, acc,
+                 make_attr("Conv2dAttribute", pads, stride, [1, 1], False, acc))
+        multiplier, shift = quantize_multiplier(1 / 1024, acc == DType.INT32)
+        mult_dtype = DType.INT32 if acc == DType.INT32 else DType.INT16
+        g.output(g.op(Op.RESCALE, [y, g.const(np.array([multiplier]), mult_dtype), g.const(np.array([shift]), DType.INT8),
+                                   g.zero_point(0, acc), g.zero_point(0, self.dtype)], out, self.dtype,
+                      make_attr("RescaleAttribute", acc == DType.INT32, ts.RoundingMode.SINGLE_ROUND, False, False,
+                                False)))
+        return g.serialize()
+
+
+def emit_stem(g: TosaGraph, x: str, case: StemCase, form: str, w: np.ndarray, location: str | None = None):
+    """The stem's input, OHWI weights, pads and stride in ``form`` (the swap emitted when it is space-to-depth)."""
+    if form == "conv":
+        return x, w, list(case.pads), [2, 2]
+    _, h, wd, c = case.in_shape
+    swap = case.swap
+    x = g.op(Op.RESHAPE, [x, g.shape_const(swap.shape)], swap.shape, case.dtype, make_attr("ReshapeAttribute"),
+             location)
+    x = emit_transpose(g, x, swap, form.split("+")[1], location)
+    patches = [1, h // 2, wd // 2, 4 * c]
+    x = g.op(Op.RESHAPE, [x, g.shape_const(patches)], patches, case.dtype, make_attr("ReshapeAttribute"), location)
+    top, bottom, _, left, right, _ = case.stem_pads()
+    return x, case.weights(w), [top, bottom, left, right], [1, 1]
+
+
+def _stem_case(x: Value, w: torch.Tensor, stride, pads, dilation, integer: bool) -> StemCase | None:
+    """The space-to-depth choice for a stride-2 convolution over at most 4 integer channels, when it applies."""
+    n, h, wd, c = x.shape
+    if not integer or x.dtype not in SWAPPABLE or tuple(stride) != (2, 2) or tuple(dilation) != (1, 1):
+        return None
+    if n != 1 or c > 4 or h % 2 or wd % 2 or max(w.shape[2:]) < 2:
+        return None
+    case = StemCase((1, h, wd, c), tuple(w.shape[2:]), w.shape[0], tuple(pads), x.dtype)
+    return case if case.applies() else None
+
+
 def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, w_scale, stride, pad,
              dilation, depthwise: bool, out_hw) -> Value:
     """One CONV2D or DEPTHWISE_CONV2D on an NHWC value; returns the NHWC result (requantized in INT)."""
@@ -108,6 +212,13 @@ def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tens
         w_np = w_np.reshape(cin, oc // cin, kh, kw).transpose(2, 3, 0, 1)
     else:  # OIHW -> OHWI
         w_np = w_np.transpose(0, 2, 3, 1)
+    stem = None if depthwise else _stem_case(x, w, stride, pads, dilation, integer)
+    if stem is not None:
+        form = ctx.form_of(stem)
+        loc = ctx.current.name if ctx.current is not None else None
+        name, w_np, pads, stride = emit_stem(ctx.g, x.name, stem, form, w_np, loc)
+        if form != "conv":  # the input is now the patches, [1, H/2, W/2, 4C]
+            x = Value(name, (n, ih // 2, iw // 2, 4 * cin), x.dtype, NHWC, x.q)
     weight = ctx.g.const(np.ascontiguousarray(w_np), DType.INT8 if integer else DType.FP32)
     acc_type = accumulator(x) if integer else DType.FP32
     bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale, acc_type)
