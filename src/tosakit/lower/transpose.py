@@ -75,17 +75,28 @@ def _size(shape, dims) -> int:
     return math.prod(shape[d] for d in dims)
 
 
-def emit_transpose(g: TosaGraph, x: str, case: TransposeCase, form: str, location: str | None = None) -> str:
-    """Add ``case`` to ``g`` in ``form``; returns the output tensor's name."""
+def reshape(g: TosaGraph, x: str, shape, location: str | None = None) -> str:
+    """RESHAPE ``x`` to ``shape``, or ``x`` itself when it has that shape already."""
+    info = g.info[x]
+    if tuple(info.shape) == tuple(shape):
+        return x
+    return g.op(Op.RESHAPE, [x, g.shape_const(shape)], list(shape), info.dtype, make_attr("ReshapeAttribute"), location)
+
+
+def emit_transpose(g: TosaGraph, x: str, case: TransposeCase, form: str, location: str | None = None,
+                   out_shape=None) -> str:
+    """Add ``case`` to ``g`` in ``form``, reading ``x`` (any shape holding the same bytes as ``case.shape``)
+    and giving ``out_shape`` (default ``case.out_shape``); returns the output tensor's name."""
     if form not in case.forms:
         raise ValueError(f"form {form!r} does not apply to {case}")
     dtype = case.dtype
     if form == "transpose":
-        return g.op(Op.TRANSPOSE, [x], case.out_shape, dtype, make_attr("TransposeAttribute", list(case.perms)),
-                    location)
+        x = g.op(Op.TRANSPOSE, [reshape(g, x, case.shape, location)], case.out_shape, dtype,
+                 make_attr("TransposeAttribute", list(case.perms)), location)
+        return reshape(g, x, out_shape or case.out_shape, location)
     outer, rows, cols = case.blocks
     blocked = [1, outer, rows, cols]
-    x = g.op(Op.RESHAPE, [x, g.shape_const(blocked)], blocked, dtype, make_attr("ReshapeAttribute"), location)
+    x = reshape(g, x, blocked, location)
     if form == "elementwise_swap":
         one = g.const(np.ones([1] * 4, dtype=NUMPY_OF[dtype]), dtype)
         product = g.op(Op.MUL, [x, one, g.const(np.zeros(1), DType.INT8)], blocked, DType.INT32,
@@ -97,8 +108,7 @@ def emit_transpose(g: TosaGraph, x: str, case: TransposeCase, form: str, locatio
                  make_attr("RescaleAttribute", True, ts.RoundingMode.SINGLE_ROUND, False, False, False), location)
     swapped = [1, outer, cols, rows]
     x = g.op(Op.TRANSPOSE, [x], swapped, dtype, make_attr("TransposeAttribute", [0, 1, 3, 2]), location)
-    return g.op(Op.RESHAPE, [x, g.shape_const(case.out_shape)], case.out_shape, dtype,
-                make_attr("ReshapeAttribute"), location)
+    return reshape(g, x, out_shape or case.out_shape, location)
 
 
 class Case(Protocol):
