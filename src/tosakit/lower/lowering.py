@@ -20,8 +20,8 @@ from ..errors import TosakitError, UnsupportedOpError
 from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
 from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequantize, is_integer_node, is_quantize
 from ..specs import TosaSpecification
-from .tosa_graph import (NHWC, NUMPY_OF, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, identity,
-                         count_ops, make_attr, quantize_multiplier, storage_order)
+from .tosa_graph import (NHWC, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, count_ops, identity,
+                         make_attr, storage_order)
 from .transpose import Case, ChooseForm, emit_transpose, transpose_case
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
@@ -307,18 +307,9 @@ class Lowering:
     def rescale(self, v: Value, scale, out_dtype, in_zp: int = 0, out_zp: int = 0, q: QParams | None = None,
                 node: Node | None = None) -> Value:
         """RESCALE ``v`` by a real ``scale`` (a float, or one per channel along the last TOSA dim)."""
-        scales = np.atleast_1d(np.asarray(scale, dtype=np.float64))
-        scale32 = v.dtype != DType.INT48  # a 48-bit input takes a 16-bit multiplier
-        pairs = [quantize_multiplier(float(s), scale32) for s in scales]
-        per_channel = len(pairs) > 1
-        mult_dtype = DType.INT32 if scale32 else DType.INT16
-        mult = self.g.const(np.array([m for m, _ in pairs], dtype=NUMPY_OF[mult_dtype]), mult_dtype)
-        shift = self.g.const(np.array([s for _, s in pairs], dtype=np.int8), DType.INT8)
-        izp = self.g.zero_point(in_zp, v.dtype)
-        ozp = self.g.zero_point(out_zp, out_dtype)
-        attr = make_attr("RescaleAttribute", scale32, ts.RoundingMode.SINGLE_ROUND, per_channel, False, False)
-        return self.emit(Op.RESCALE, [v, mult, shift, izp, ozp], v.shape, out_dtype, like=v, q=q, attr=attr,
-                         node=node)
+        node = node if node is not None else self.current
+        name = self.g.rescale(v.name, scale, out_dtype, in_zp, out_zp, node.name if node is not None else None)
+        return Value(name, v.shape, out_dtype, v.order, q)
 
     def clamp(self, v: Value, lo, hi, node: Node | None = None) -> Value:
         if is_float_dtype(v.dtype):

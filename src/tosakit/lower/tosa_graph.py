@@ -198,6 +198,20 @@ class TosaGraph:
         self.ops.append(EmittedOp(op.name, tuple(self.info[i] for i in inputs), self.info[out.name], attr, location))
         return out.name
 
+    def rescale(self, x: str, scale, out_dtype, in_zp: int = 0, out_zp: int = 0, location: str | None = None) -> str:
+        """RESCALE ``x`` by a real ``scale`` (a float, or one per channel along the last dim) to ``out_dtype``;
+        an int48 input takes 16-bit multipliers."""
+        info = self.info[x]
+        scales = np.atleast_1d(np.asarray(scale, dtype=np.float64))
+        scale32 = info.dtype != DType.INT48
+        pairs = [quantize_multiplier(float(s), scale32) for s in scales]
+        mult_dtype = DType.INT32 if scale32 else DType.INT16
+        mult = self.const(np.array([m for m, _ in pairs], dtype=NUMPY_OF[mult_dtype]), mult_dtype)
+        shift = self.const(np.array([s for _, s in pairs], dtype=np.int8), DType.INT8)
+        attr = make_attr("RescaleAttribute", scale32, ts.RoundingMode.SINGLE_ROUND, len(pairs) > 1, False, False)
+        return self.op(Op.RESCALE, [x, mult, shift, self.zero_point(in_zp, info.dtype),
+                                    self.zero_point(out_zp, out_dtype)], info.shape, out_dtype, attr, location)
+
     @property
     def op_count(self) -> dict[str, int]:
         return count_ops(self.ops)

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
-import tosa_serializer as ts
 
-from .tosa_graph import NUMPY_OF, DType, Op, TosaGraph, make_attr, quantize_multiplier
+from .tosa_graph import NUMPY_OF, DType, Op, TosaGraph, make_attr
 
 FORMS = ("transpose", "block_swap", "elementwise_swap")
 SWAPPABLE = (DType.INT8, DType.INT16)  # the dtypes an exact MUL-by-one carries
@@ -101,11 +100,7 @@ def emit_transpose(g: TosaGraph, x: str, case: TransposeCase, form: str, locatio
         one = g.const(np.ones([1] * 4, dtype=NUMPY_OF[dtype]), dtype)
         product = g.op(Op.MUL, [x, one, g.const(np.zeros(1), DType.INT8)], blocked, DType.INT32,
                        make_attr("MulAttribute"), location)
-        multiplier, shift = quantize_multiplier(1.0, True)
-        x = g.op(Op.RESCALE, [product, g.const(np.array([multiplier]), DType.INT32),
-                              g.const(np.array([shift]), DType.INT8), g.zero_point(0, DType.INT32),
-                              g.zero_point(0, dtype)], blocked, dtype,
-                 make_attr("RescaleAttribute", True, ts.RoundingMode.SINGLE_ROUND, False, False, False), location)
+        x = g.rescale(product, 1.0, dtype, location=location)
     swapped = [1, outer, cols, rows]
     x = g.op(Op.TRANSPOSE, [x], swapped, dtype, make_attr("TransposeAttribute", [0, 1, 3, 2]), location)
     return reshape(g, x, out_shape or case.out_shape, location)

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import tosa_serializer as ts
 from torch.fx import Node
 
 from ...quantize.qdq import QParams
-from ..lowering import Lowering, accumulator, is_constant, int_dtype, lowers, make_attr, quantize_multiplier, tosa_pads
+from ..lowering import Lowering, accumulator, is_constant, int_dtype, lowers, make_attr, tosa_pads
 from ..tosa_graph import NHWC, DType, Op, TosaGraph, Value
 from ..transpose import SWAPPABLE, TransposeCase, emit_transpose, transpose_case
 
@@ -165,12 +164,7 @@ class StemCase:
                (self.in_shape[2] + self.pads[2] + self.pads[3] - self.kernel[1]) // 2 + 1, self.out_channels]
         y = g.op(Op.CONV2D, [x, g.const(w, DType.INT8), g.const(np.zeros(self.out_channels), acc), *zps], out, acc,
                  make_attr("Conv2dAttribute", pads, stride, [1, 1], False, acc))
-        multiplier, shift = quantize_multiplier(1 / 1024, acc == DType.INT32)
-        mult_dtype = DType.INT32 if acc == DType.INT32 else DType.INT16
-        g.output(g.op(Op.RESCALE, [y, g.const(np.array([multiplier]), mult_dtype), g.const(np.array([shift]), DType.INT8),
-                                   g.zero_point(0, acc), g.zero_point(0, self.dtype)], out, self.dtype,
-                      make_attr("RescaleAttribute", acc == DType.INT32, ts.RoundingMode.SINGLE_ROUND, False, False,
-                                False)))
+        g.output(g.rescale(y, 1 / 1024, self.dtype))
         return g.serialize()
 
 
