@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,31 +27,54 @@ class EtOracle:
     Failure = OracleFailure
     SCRIPT = REPO / "tests" / "oracle" / "et_oracle.py"
     MARKER = "ET_ORACLE_RESULT "
+    TIMEOUT = 900  # seconds for one request
 
     def __init__(self, python: Path):
         self.python = python
+        self._server: subprocess.Popen | None = None
 
-    def _call(self, *args) -> dict:
-        proc = subprocess.run(
-            [str(self.python), str(self.SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=900
-        )
-        results = [line[len(self.MARKER):] for line in proc.stdout.splitlines() if line.startswith(self.MARKER)]
-        result = json.loads(results[-1]) if results else {"error": f"no result (exit status {proc.returncode})"}
+    def _serve(self) -> subprocess.Popen:
+        """The oracle process of this test worker, started on first use (and again after a crash)."""
+        if self._server is None or self._server.poll() is not None:
+            self._server = subprocess.Popen([str(self.python), str(self.SCRIPT), "serve"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self._server
+
+    def _call(self, command: str, **request) -> dict:
+        server = self._serve()
+        server.stdin.write(json.dumps({"command": command, **{k: str(v) for k, v in request.items()}}) + "\n")
+        server.stdin.flush()
+        watchdog = threading.Timer(self.TIMEOUT, server.kill)  # a hung runtime fails the test, not the suite
+        watchdog.start()
+        try:
+            result = self._answer(server)
+        finally:
+            watchdog.cancel()
         if "error" in result:
-            log = [line for line in proc.stderr.splitlines() if "torchao" not in line and "_pytree" not in line]
-            raise OracleFailure(f"{result['error']}\n" + "\n".join(log[-30:]))
+            raise OracleFailure("\n".join([result["error"], *result.get("log", [])]))
         return result
+
+    def _answer(self, server: subprocess.Popen) -> dict:
+        for line in server.stdout:  # imports print unrelated noise before the first answer
+            if line.startswith(self.MARKER):
+                return json.loads(line[len(self.MARKER):])
+        return {"error": f"the ExecuTorch runtime died (exit status {server.wait()})"}
+
+    def close(self) -> None:
+        if self._server is not None and self._server.poll() is None:
+            self._server.stdin.close()
+            self._server.wait(timeout=60)
 
     def load(self, pte: str | os.PathLike, method: str | None = None) -> list[str]:
         """load_program with InternalConsistency verification (and load_method); the method names."""
-        return self._call("load", pte, *(["--method", method] if method else []))["methods"]
+        return self._call("load", pte=pte, method=method or "")["methods"]
 
     def run(self, pte: str | os.PathLike, inputs) -> list[np.ndarray]:
         """Execute ``forward`` on ``inputs`` (numpy arrays or torch tensors); the outputs."""
         pte = Path(pte)
         ins, outs = pte.with_suffix(".inputs.npz"), pte.with_suffix(".outputs.npz")
         np.savez(ins, **{f"arg{i}": np.asarray(x) for i, x in enumerate(inputs)})
-        count = self._call("run", pte, ins, outs)["outputs"]
+        count = self._call("run", pte=pte, inputs=ins, outputs=outs)["outputs"]
         with np.load(outs) as saved:
             return [saved[f"out{i}"] for i in range(count)]
 
@@ -59,7 +83,7 @@ class EtOracle:
         out_pte = Path(out_pte)
         source = out_pte.with_suffix(".model.py")
         source.write_text(model_source)
-        self._call("export", source, out_pte)
+        self._call("export", model_py=source, out_pte=out_pte)
         return out_pte
 
 
@@ -68,7 +92,9 @@ def et_oracle() -> EtOracle:
     python = Path(os.environ.get("TOSAKIT_ORACLE_PYTHON", REPO / ".venv-oracle" / "bin" / "python"))
     if not python.exists():
         pytest.fail(f"ExecuTorch oracle python {python} not found: run `make oracle` (or `make test`) to create .venv-oracle")
-    return EtOracle(python)
+    oracle = EtOracle(python)
+    yield oracle
+    oracle.close()
 
 
 # ------------------------------------------------------------------ end of et_oracle
@@ -157,3 +183,146 @@ class Harness:
 @pytest.fixture(scope="session")
 def harness() -> Harness:
     return Harness()
+
+
+# ------------------------------------------------------------------ programs run three ways
+
+
+class ProgramCheck:
+    """A written .pte executed by the ExecuTorch runtime (the oracle) and by `tosakit run`, both compared
+    with PyTorch: float outputs to a relative tolerance, dequantized outputs within one step of the
+    fake-quantized model, integer outputs exactly."""
+
+    RTOL = 1e-4  # of the output's largest magnitude: room for another summation order, nothing more
+
+    def __init__(self, oracle: EtOracle, folder: Path):
+        self.oracle, self.folder = oracle, folder
+
+    def cpu_only(self, module, inputs, quantize: bool, whole_in_executorch: bool = True):
+        """Compile without a partitioner (float or quantized) and check the program everywhere; returns it."""
+        from tosakit.flow import compile
+
+        compiled = compile(module, inputs, "TOSA-1.0+INT" if quantize else "TOSA-1.0+FP", quantize=quantize,
+                           delegate=False)
+        assert not compiled.edge.delegates
+        self.program(compiled, inputs, module, whole_in_executorch)
+        return compiled
+
+    def program(self, compiled, inputs, module, whole_in_executorch: bool = True):
+        """Save ``compiled``'s program, run it in ExecuTorch and on the host, compare both with PyTorch
+        (``module``, or the fake-quantized model when quantized). Without ``whole_in_executorch`` the
+        runtime must execute the program and give outputs of the right kind, but its values are judged
+        per layer (``layers``)."""
+        import torch
+
+        from tosakit.runtime import load
+
+        path = compiled.program.save(self.folder / f"program{len(list(self.folder.glob('*.pte')))}.pte")
+        et = [torch.from_numpy(a) for a in self.oracle.run(path, inputs)]
+        host = load(path).run(inputs)
+        with torch.no_grad():
+            want = (compiled.quantized if compiled.quantized is not None else module)(*inputs)
+        want = list(want) if isinstance(want, (tuple, list)) else [want]
+        steps = self.output_steps(compiled)
+        assert len(et) == len(host) == len(want), (len(et), len(host), len(want))
+        for k, (e, h, w, step) in enumerate(zip(et, host, want, steps)):
+            self.assert_matches(h, w, step, f"output {k}: tosakit run vs PyTorch")
+            if whole_in_executorch:
+                self.assert_matches(e, w, step, f"output {k}: ExecuTorch vs PyTorch")
+                self.assert_matches(h, e, step, f"output {k}: tosakit run vs ExecuTorch")
+            else:
+                assert e.dtype == h.dtype and e.shape == h.shape and bool(torch.isfinite(e.double()).all()), \
+                    f"output {k}: ExecuTorch gave {e.dtype}{list(e.shape)}, tosakit run {h.dtype}{list(h.shape)}"
+        return et, host
+
+    def layers(self, compiled, inputs) -> int:
+        """Each quantized layer of a CPU-only program, alone: fed the reference's integer inputs, ExecuTorch's
+        integers are within one step of the fake-quantized model's. (A whole deep network cannot show
+        this: one rounding flip from another float summation order grows layer by layer in random
+        weights.) Returns how many layers were checked."""
+        import torch
+        import torch.utils._pytree as pytree
+        from torch.fx import Interpreter
+
+        from tosakit.program.emit import program_from_graph
+        from tosakit.program.pte import serialize_pte
+        from tosakit.quantize.qdq import is_quantize
+
+        gm = compiled.edge.program.graph_module
+        interpreter = Interpreter(gm, garbage_collect_values=False)
+        with torch.no_grad():
+            interpreter.run(*inputs)
+        checked = 0
+        for q in [n for n in gm.graph.nodes if is_quantize(n)]:
+            layer, frontier = _layer_graph(gm, q)
+            if not frontier or all(n.op == "placeholder" for n in layer.graph.nodes if n.op != "output"):
+                continue
+            feed = [interpreter.env[n] for n in frontier]
+            in_spec = pytree.tree_flatten((tuple(feed), {}))[1]
+            out_spec = pytree.tree_flatten((interpreter.env[q],))[1]
+            emitted = program_from_graph(layer, in_spec, out_spec)
+            path = self.folder / f"layer_{q.name}.pte"
+            path.write_bytes(serialize_pte(emitted.program, emitted.segments))
+            [got] = self.oracle.run(path, feed)
+            want = interpreter.env[q].numpy().astype(np.int32)
+            worst = int(np.abs(got.astype(np.int32) - want).max()) if want.size else 0
+            assert worst <= 1, f"layer {q.args[0].name} ({q.args[0].target}): {worst} steps off in ExecuTorch"
+            checked += 1
+        return checked
+
+    @staticmethod
+    def output_steps(compiled) -> list[float | None]:
+        """Each program output's quantization step (None where it is not dequantized)."""
+        from tosakit.quantize.qdq import is_dequantize, qparams_of
+
+        gm = compiled.edge.program.graph_module
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        return [qparams_of(n, gm).s if is_dequantize(n) else None for n in outs]
+
+    def assert_matches(self, got, want, step, what: str):
+        import torch
+
+        want = torch.as_tensor(want).detach()
+        assert got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape), \
+            f"{what}: {got.dtype}{list(got.shape)} vs {want.dtype}{list(want.shape)}"
+        if not want.dtype.is_floating_point:
+            assert torch.equal(got, want), f"{what}: integer outputs differ"
+            return
+        g, w = got.double(), want.double()
+        limit = step * 1.001 + 1e-6 if step else self.RTOL * max(1.0, float(w.abs().max()))
+        worst = float((g - w).abs().max()) if w.numel() else 0.0
+        assert worst <= limit, f"{what}: off by {worst:.3g} (allowed {limit:.3g}{', one step' if step else ''})"
+
+
+def _layer_graph(gm, q):
+    """The ops that compute quantize node ``q`` from the nearest quantized tensors (or program inputs)
+    before it, as a graph of its own whose inputs are those tensors."""
+    import torch.fx
+
+    from tosakit.quantize.qdq import is_quantize
+
+    members, frontier, todo = {q}, [], list(q.all_input_nodes)
+    while todo:
+        n = todo.pop()
+        if n in members or n in frontier:
+            continue
+        if is_quantize(n) or n.op == "placeholder":
+            frontier.append(n)
+        else:
+            members.add(n)
+            todo += n.all_input_nodes
+    frontier.sort(key=list(gm.graph.nodes).index)
+    graph, env = torch.fx.Graph(), {}
+    for n in frontier:
+        env[n] = graph.placeholder(n.name)
+        env[n].meta["val"] = n.meta["val"]
+    for n in gm.graph.nodes:
+        if n in members:
+            env[n] = graph.node_copy(n, lambda a: env[a])
+    graph.output((env[q],))
+    return torch.fx.GraphModule(gm, graph), frontier
+
+
+@pytest.fixture
+def program_check(et_oracle, tmp_path) -> ProgramCheck:
+    return ProgramCheck(et_oracle, tmp_path)

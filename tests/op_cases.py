@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import pytest
 import torch
 
@@ -22,3 +25,12 @@ def build_case(cases: dict, name: str) -> tuple[torch.nn.Module, tuple]:
     factory, shapes, _ = cases[name]
     torch.manual_seed(0)
     return factory().eval(), seed_inputs(*shapes)
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """One test module's op cases, for sweeps beyond it (CPU programs): each case's flavours, and a
+    builder ``name -> (eval-mode module, seeded inputs)``."""
+
+    flavours: dict[str, tuple[str, ...]]
+    build: Callable[[str], tuple[torch.nn.Module, tuple]]

@@ -109,7 +109,7 @@ def test_user_model_file_with_input_shape(tmp_path, monkeypatch, capsys, et_orac
     (["-m", "add", "-o", "no/such/dir/add.pte"], ["no/such/dir", "does not exist"]),
     (["-m", "branchy.py:Branchy", "--input-shape", "4"], ["torch.export", "Branchy", "branchy.py:"]),
     (["-m", "special.py:Special", "--input-shape", "4", "-t", "TOSA-1.0+FP", "--delegate"],
-     ["digamma", "no kernel in the ExecuTorch CPU runtime", "fix:"]),
+     ["digamma", "ExecuTorch CPU runtime has no kernel", "special.py:5", "fix:"]),
     (["-m", "softmax", "--delegate"], ["_softmax", "runs integers only", "--quantize"]),
     (["-m", "add", "--int8-io"], ["--int8-io needs --quantize and --delegate"]),
     (["-m", "tiny.py:Tiny", "--input-shape", "1,8", "--delegate", "--quantize", "--arena-cache-size", "8"],

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from op_cases import build_case, flavour_params, seed_inputs
+from op_cases import OpTable, build_case, flavour_params, seed_inputs
 
 
 class Add(nn.Module):
@@ -152,6 +152,9 @@ def _params(flavour):
 
 def _case(name):
     return build_case(CASES, name)
+
+
+OP_TABLE = OpTable({name: case[-1] for name, case in CASES.items()}, _case)
 
 
 @pytest.mark.parametrize("name", _params("fp"))

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from op_cases import OpTable
+
 ALL = ("fp", "int", "u55", "u85")
 NOT_U55 = ("fp", "int", "u85")  # needs EQUAL/GREATER/SELECT/LOGICAL_*: U55 refusal tested instead
 
@@ -97,6 +99,9 @@ def _inputs(shapes, positive):
 def _model(name):
     fn, shapes, _, positive = CASES[name]
     return Fn(fn).eval(), _inputs(shapes, positive)
+
+
+OP_TABLE = OpTable({name: case[2] for name, case in CASES.items()}, _model)
 
 
 @pytest.mark.parametrize("name", _params("fp"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from op_cases import seed_inputs
+from op_cases import OpTable, seed_inputs
 
 F = nn.functional
 
@@ -90,6 +90,9 @@ def _case(name):
     fn, shapes, conv, _ = CASES[name]
     torch.manual_seed(0)
     return Op(fn, conv).eval(), seed_inputs(*shapes)
+
+
+OP_TABLE = OpTable({name: case[-1] for name, case in CASES.items()}, _case)
 
 
 @pytest.mark.parametrize("name", _params("fp"))

@@ -48,7 +48,8 @@ def test_zoo_fp(harness, name):
 def test_zoo_int(name):
     """The INT TOSA against the fake-quantized model: every layer within one step of the fake-quantized
     layer fed the same values; end to end (where 1-step rounding ties grow through a deep random-weight
-    network) far closer to the fake-quantized model than quantization is to float, same top-1."""
+    network) far closer to the fake-quantized model than quantization is to float. (Not top-1: the classes
+    of a random-weight network lie so close that which one wins depends on float summation order.)"""
     model, inputs, quantized = _model(name)
     edge = _lower(name, "TOSA-1.0+INT")
     assert not _cpu_compute(edge), _cpu_compute(edge)
@@ -61,7 +62,6 @@ def test_zoo_int(name):
         [reference] = [model(*inputs)]
     lowering, quantization = Agreement.of(got, fake_quant), Agreement.of(fake_quant, reference)
     assert lowering.snr_db >= max(20.0, quantization.snr_db + 3), (lowering, quantization)
-    assert lowering.top1 in (None, True)
 
 
 @pytest.mark.parametrize("name", ZOO)

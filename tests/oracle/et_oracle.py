@@ -3,6 +3,8 @@
   load PTE [--method NAME]          load_program (InternalConsistency), optionally load_method too
   run PTE INPUTS_NPZ OUTPUTS_NPZ    execute `forward` on arg0, arg1, ... and save out0, out1, ...
   export MODEL_PY OUT_PTE           export with ExecuTorch itself: MODEL_PY defines `model` and `example_inputs`
+  serve                             answer JSON requests {"command": "load"|"run"|"export", ...}, one a line,
+                                    from standard input: one process for many programs
 
 The result is printed as one JSON line starting with MARKER (imports print unrelated noise);
 the exit status is 1 when the runtime refused the file.
@@ -50,6 +52,37 @@ def export(args):
     return {"written": args.out_pte}
 
 
+def serve(_args):
+    """One result line per request line; the runtime's own log of a refused request comes with its error."""
+    import os
+    import tempfile
+    import types
+
+    commands = {"load": load, "run": run, "export": export}
+    for line in sys.stdin:
+        request = json.loads(line)
+        log = tempfile.TemporaryFile()
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 2)  # the C++ runtime logs its reasons to file descriptor 2
+        try:
+            args = types.SimpleNamespace(method=None)
+            vars(args).update(request)
+            result = commands[request.pop("command")](args)
+        except Exception as e:  # the runtime's refusal is the answer we report
+            sys.stderr.flush()
+            log.seek(0)
+            lines = [ln for ln in log.read().decode(errors="replace").splitlines() if "cpuinfo" not in ln]
+            result = {"error": f"{type(e).__name__}: {e}", "log": lines[-30:]}
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.close()
+        print(MARKER + json.dumps(result), flush=True)
+    return {"served": True}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,6 +99,7 @@ def main():
     p.add_argument("model_py")
     p.add_argument("out_pte")
     p.set_defaults(func=export)
+    sub.add_parser("serve").set_defaults(func=serve)
     args = parser.parse_args()
     try:
         result, status = args.func(args), 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import GraphModule
 
 from ..errors import TosakitError
@@ -235,6 +235,23 @@ def inline_constants(ep: ExportedProgram, gm: GraphModule | None = None) -> Capt
     return CapturedProgram(gm, ep.call_spec.in_spec, ep.call_spec.out_spec)
 
 
+def user_outputs_only(ep: ExportedProgram, gm: GraphModule) -> None:
+    """The graph returns the model's outputs only: an in-place update of an input (``nn.SiLU(inplace=True)``
+    applied to it) is not written back, as the program's caller never sees it."""
+    kinds = [s.kind for s in ep.graph_signature.output_specs]
+    if all(k == OutputKind.USER_OUTPUT for k in kinds):
+        return
+    mutated = [s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
+    if mutated:
+        raise TosakitError(f"forward() updates the buffer(s) {', '.join(mutated)} of the model",
+                           "export the model in eval mode (model.eval()), without state updated in forward")
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    values = [v for v, k in zip(out.args[0], kinds) if k == OutputKind.USER_OUTPUT]
+    out.args = (type(out.args[0])(values),)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
 def _move_get_attrs_after_placeholders(graph) -> None:
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if placeholders:
@@ -252,4 +269,8 @@ def capture(ep: ExportedProgram, preserve=PRESERVED_OPS) -> CapturedProgram:
             "call torch.export.export(model, example_inputs) first and pass its result",
         )
     direct = direct_core_aten(ep, preserve)
-    return inline_constants(ep, direct) if direct is not None else inline_constants(to_core_aten(ep, preserve))
+    if direct is None:
+        ep = to_core_aten(ep, preserve)
+    captured = inline_constants(ep, direct)
+    user_outputs_only(ep, captured.graph_module)
+    return captured

@@ -28,6 +28,7 @@ from ..lower.tosa_graph import DType
 from ..partition import NodePlacement
 from ..partition.partitioner import TAG_KEY, extract_subgraph
 from ..specs import CompileSpec
+from .decompose import decompose_for_runtime
 from .emit import EmittedProgram, executorch_call_delegate, program_from_graph
 from .pte import deserialize_pte, serialize_pte
 
@@ -121,6 +122,7 @@ class EdgeProgramManager:
         """Partition and lower with one more partitioner."""
         for p in partitioner if isinstance(partitioner, (list, tuple)) else [partitioner]:
             _apply_partitioner(self, p)
+        decompose_for_runtime(self.program.graph_module, self.placements)
         return self
 
     def to_executorch(self, config: ExecutorchBackendConfig | None = None) -> "ExecutorchProgramManager":
@@ -183,7 +185,9 @@ def to_edge(program: ExportedProgram, compile_config: EdgeCompileConfig | None =
     """Core ATen with constants inlined; no delegates yet."""
     captured = capture(program)
     captured.graph_module = prepare_program(captured.graph_module)
-    return EdgeProgramManager(captured, _cpu_placements(captured.graph_module))
+    edge = EdgeProgramManager(captured, _cpu_placements(captured.graph_module))
+    decompose_for_runtime(captured.graph_module, edge.placements)
+    return edge
 
 
 def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, transform_passes=None,
@@ -208,6 +212,7 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
         _apply_partitioner(edge, p)
     if not partitioners:
         edge.placements = _cpu_placements(gm)
+    decompose_for_runtime(edge.program.graph_module, edge.placements)
     return edge
 
 

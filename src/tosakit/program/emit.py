@@ -227,21 +227,32 @@ class Emitter:
         val = node.meta["val"]
         outs = list(val) if isinstance(val, (tuple, list)) else [val]
         like = outs[0] if isinstance(outs[0], torch.Tensor) else None
-        args, out_idx = [], []
+        args = []
         for a in schema.arguments:
             if a.is_out:
                 continue
             default = a.default_value if a.has_default_value() else None
             args.append((a, bound.get(a.name, default)))
         arg_values = [self._arg(v, str(a.real_type), like) for a, v in args]
-        for t in outs:
-            out_idx.append(self._tensor_value(t, planned=True))
-        self.node_value[node] = out_idx[0] if len(out_idx) == 1 else tuple(out_idx)
-        full, outs_left = [], iter(out_idx)
-        arg_iter = iter(arg_values)
+        out_idx = [self._tensor_value(t, planned=True) for t in outs]
+        self.node_value[node] = out_idx[0] if len(out_idx) == 1 and not isinstance(val, (tuple, list)) else tuple(out_idx)
+        out_args, ret = self._out_args(node, schema, out_idx)
+        arg_iter, full = iter(arg_values), []
         for a in schema.arguments:
-            full.append(next(outs_left) if a.is_out else next(arg_iter))
-        self.instructions.append(Instruction(KernelCall(self._operator(schema), [*full, *out_idx])))
+            full.append(out_args.pop(0) if a.is_out else next(arg_iter))
+        self.instructions.append(Instruction(KernelCall(self._operator(schema), [*full, ret])))
+
+    def _out_args(self, node: Node, schema, out_idx: list[int]) -> tuple[list[int], int]:
+        """The values of the schema's out arguments (a tensor each, or one TensorList for ``Tensor(a!)[]``)
+        and of the return slot after them: the one out tensor, else a TensorList of every output."""
+        outs = [a for a in schema.arguments if a.is_out]
+        if len(outs) == 1 and isinstance(outs[0].type, torch.ListType):
+            return [self._add(TensorList(list(out_idx)))], self._add(TensorList(list(out_idx)))
+        if len(outs) != len(out_idx):
+            raise TosakitError(f"node {node.name} ({node.target}) gives {len(out_idx)} outputs, but its CPU kernel "
+                               f"{schema.name}.{schema.overload_name} writes {len(outs)}",
+                               "please report this graph to tosakit")
+        return list(out_idx), out_idx[0] if len(out_idx) == 1 else self._add(TensorList(list(out_idx)))
 
     def _delegate_call(self, node: Node) -> None:
         lowered = self.gm.get_submodule(node.args[0].target)

@@ -773,6 +773,10 @@ class TOSAQuantizer(Quantizer):
             config = node.meta.pop(CONFIG_KEY)
             if rule is not None and config is not None and not is_annotated(node):
                 rule(node, config)
+        for node in nodes:  # integer and bool values stay as they are, whatever op made them
+            ann = node.meta.get(ANNOTATION_KEY)
+            if ann is not None and not _is_float_tensor(node) and not isinstance(node.meta.get("val"), (tuple, list)):
+                ann.output_qspec = None
         if self.io_config is not None:
             self._annotate_io(model, self.io_config)
         return model
