@@ -42,7 +42,8 @@ class EtOracle:
 
     def _call(self, command: str, **request) -> dict:
         server = self._serve()
-        server.stdin.write(json.dumps({"command": command, **{k: str(v) for k, v in request.items()}}) + "\n")
+        request = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in request.items()}
+        server.stdin.write(json.dumps({"command": command, **request}) + "\n")
         server.stdin.flush()
         watchdog = threading.Timer(self.TIMEOUT, server.kill)  # a hung runtime fails the test, not the suite
         watchdog.start()
@@ -70,13 +71,32 @@ class EtOracle:
         return self._call("load", pte=pte, method=method or "")["methods"]
 
     def run(self, pte: str | os.PathLike, inputs) -> list[np.ndarray]:
-        """Execute ``forward`` on ``inputs`` (numpy arrays or torch tensors); the outputs."""
+        """Execute ``forward`` on ``inputs`` (numpy arrays or torch tensors, channels-last ones passed so);
+        the outputs."""
+        import torch
+
         pte = Path(pte)
         ins, outs = pte.with_suffix(".inputs.npz"), pte.with_suffix(".outputs.npz")
         np.savez(ins, **{f"arg{i}": np.asarray(x) for i, x in enumerate(inputs)})
-        count = self._call("run", pte=pte, inputs=ins, outputs=outs)["outputs"]
+        channels_last = [i for i, x in enumerate(inputs) if getattr(x, "dim", lambda: 0)() == 4
+                         and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)]
+        count = self._call("run", pte=pte, inputs=ins, outputs=outs, channels_last=channels_last)["outputs"]
         with np.load(outs) as saved:
             return [saved[f"out{i}"] for i in range(count)]
+
+    def kernels(self) -> set[str]:
+        """'aten::add.out', ...: every operator the runtime registers a kernel for."""
+        return set(self._call("kernels")["kernels"])
+
+    def export_program(self, exported, out_pte: str | os.PathLike) -> Path:
+        """A .pte made by ExecuTorch itself (``to_edge``, no partitioner) from a torch ExportedProgram."""
+        import torch
+
+        out_pte = Path(out_pte)
+        saved = out_pte.with_suffix(".pt2")
+        torch.export.save(exported, saved)
+        self._call("export", model_py=saved, out_pte=out_pte)
+        return out_pte
 
     def export(self, model_source: str, out_pte: str | os.PathLike) -> Path:
         """A .pte made by ExecuTorch itself; ``model_source`` defines ``model`` and ``example_inputs``."""

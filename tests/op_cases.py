@@ -10,6 +10,17 @@ import pytest
 import torch
 
 
+class Fn(torch.nn.Module):
+    """A module that applies ``fn`` to its inputs."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
 def seed_inputs(*shapes) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     return tuple(torch.randn(*s, generator=g) for s in shapes)

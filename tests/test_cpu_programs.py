@@ -10,36 +10,25 @@ import pytest
 import torch
 from torch import nn
 
-from op_cases import seed_inputs
+from op_cases import Fn, seed_inputs
 
 TABLES = ("test_ops", "test_ops_layers", "test_ops_elementwise", "test_ops_shape")
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
-
-class Embedding(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(32, 16)
-
-    def forward(self, tokens):
-        return self.emb(tokens)
 
 
 def _fn(fn, *shapes):
     return Fn(fn).eval(), seed_inputs(*shapes)
 
 
-def _embedding():
+def _conv_pool_channels_last():
     torch.manual_seed(0)
-    return Embedding().eval(), (torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]], dtype=torch.int32),)
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 4, 1))
+    return module.eval(), (seed_inputs((1, 3, 8, 8))[0].to(memory_format=torch.channels_last),)
+
+
+def _embedding():
+    layers = importlib.import_module("test_ops_layers")
+    torch.manual_seed(0)
+    return layers.TokenEmbedding().eval(), layers.TOKENS
 
 
 # Ops tested outside the four op tables (their own test functions there), as (builder, quantizable).
@@ -52,6 +41,7 @@ EXTRA = {
     "chunk_attention": (lambda: (Fn(lambda x: torch.softmax(x.chunk(2, -1)[0] @ x.chunk(2, -1)[1].transpose(1, 2),
                                                             -1)).eval(), seed_inputs((1, 6, 8))), True),
     "max_pool2d_indices": (lambda: (nn.MaxPool2d(2, return_indices=True).eval(), seed_inputs((1, 3, 6, 6))), False),
+    "conv_pool_channels_last": (_conv_pool_channels_last, True),
     "detach": (lambda: _fn(lambda x: x.detach() * 2, (2, 5)), True),
     "erf": (lambda: _fn(torch.erf, (2, 5)), True),
     "eq_tensor": (lambda: _fn(lambda x, y: x.round() == y.round(), (2, 5), (2, 5)), True),
@@ -84,24 +74,17 @@ def _cases():
 CASES = _cases()
 
 
-def _params(flavour):
-    return [pytest.param(build, id=case_id) for case_id, build, flavours in CASES if flavour in flavours]
+def _params():
+    return [pytest.param(build, flavour == "int", id=f"{case_id}_{flavour}") for flavour in ("fp", "int")
+            for case_id, build, flavours in CASES if flavour in flavours]
 
 
 @pytest.mark.slow
 @pytest.mark.oracle
-@pytest.mark.parametrize("build", _params("fp"))
-def test_cpu_program_fp(build, program_check):
+@pytest.mark.parametrize("build, quantize", _params())
+def test_cpu_program(build, quantize, program_check):
     module, inputs = build()
-    program_check.cpu_only(module, inputs, quantize=False)
-
-
-@pytest.mark.slow
-@pytest.mark.oracle
-@pytest.mark.parametrize("build", _params("int"))
-def test_cpu_program_int(build, program_check):
-    module, inputs = build()
-    program_check.cpu_only(module, inputs, quantize=True)
+    program_check.cpu_only(module, inputs, quantize)
 
 
 def test_sweep_covers_the_lowering_table():
@@ -143,3 +126,15 @@ def test_builtin_model_cpu_program(name, quantize, program_check):
 
         quantized = any(is_quantize(n) for n in compiled.edge.program.graph.nodes)  # not `add`: int32 only
         assert (program_check.layers(compiled, inputs) > 0) == quantized
+
+
+@pytest.mark.oracle
+def test_kernel_list_is_the_runtimes(et_oracle):
+    """program/kernels.txt, which emission and the host runtime trust, names only kernels ExecuTorch
+    1.5.1 registers, and all of its ATen, quantized and dim-order ones."""
+    from tosakit.program.emit import runtime_kernels
+
+    namespaces = ("aten", "quantized_decomposed", "dim_order_ops")
+    registered = {k for k in et_oracle.kernels() if k.split("::")[0] in namespaces}
+    ours = runtime_kernels()
+    assert ours == registered, (sorted(ours - registered), sorted(registered - ours))

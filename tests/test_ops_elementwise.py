@@ -10,21 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from op_cases import OpTable
+from op_cases import Fn, OpTable
 
 ALL = ("fp", "int", "u55", "u85")
 NOT_U55 = ("fp", "int", "u85")  # needs EQUAL/GREATER/SELECT/LOGICAL_*: U55 refusal tested instead
-
-
-class Fn(nn.Module):
-    """A module that applies ``fn`` to its inputs."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _case(fn, shapes=((1, 4, 5, 5),), flavours=ALL, positive=False):

@@ -247,3 +247,23 @@ def test_every_backend_runs_on_the_host(target, tmp_path):
     [got] = load(path).run(list(inputs))
     [want] = run_edge(compiled.edge, *inputs)
     assert torch.equal(got, want)
+
+
+def test_failing_kernel_call_names_the_call_not_its_tensors(tmp_path, capsys):
+    """A kernel that rejects its arguments is one `error:` line naming the instruction, the kernel and the
+    arguments' kinds; never the tensors' values."""
+    from tosakit.program.pte import serialize_pte
+    from tosakit.program.schema import Int
+
+    compiled = compile(nn.Softmax(dim=-1).eval(), (torch.randn(64, 64),), "TOSA-1.0+FP", delegate=False)
+    program, segments = deserialize_pte(compiled.program.buffer)
+    plan = program.execution_plan[0]
+    [call] = [i.instr_args for i in plan.chains[0].instructions]
+    dim = next(i for i in call.args if isinstance(plan.values[i].val, Int))
+    plan.values[dim].val = Int(5)  # softmax over a dimension a 2-D tensor does not have
+    (tmp_path / "bad.pte").write_bytes(serialize_pte(program, segments))
+    code, _, err = _cli(capsys, "run", str(tmp_path / "bad.pte"), "--random")
+    assert code == 2 and err.startswith("error: ") and err.count("\n") <= 2, err
+    for words in ("instruction 0", "aten::_softmax.out", "float32[64, 64], 5", "Dimension out of range"):
+        assert words in err, err
+    assert "tensor(" not in err and len(err) < 600

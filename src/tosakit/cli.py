@@ -457,8 +457,10 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         else:
             exc = sys.exc_info()[1]
-            print(f"internal error: {type(exc).__name__}: {exc}\n  this is a tosakit bug; rerun with "
-                  "TOSAKIT_DEBUG=1 for the traceback and report it", file=sys.stderr)
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]  # the first line; never a tensor dump
+            print(f"internal error: {type(exc).__name__}: {(lines[0] if lines else '')[:200]}\n"
+                  "  this is a tosakit bug; rerun with TOSAKIT_DEBUG=1 for the traceback and report it",
+                  file=sys.stderr)
         return EXIT_INTERNAL_ERROR
 
 

@@ -2,7 +2,9 @@
 
   load PTE [--method NAME]          load_program (InternalConsistency), optionally load_method too
   run PTE INPUTS_NPZ OUTPUTS_NPZ    execute `forward` on arg0, arg1, ... and save out0, out1, ...
-  export MODEL_PY OUT_PTE           export with ExecuTorch itself: MODEL_PY defines `model` and `example_inputs`
+  export MODEL_PY OUT_PTE           export with ExecuTorch itself: MODEL_PY defines `model` and `example_inputs`,
+                                    or is an ExportedProgram saved by torch.export.save (.pt2)
+  kernels                           the operators the runtime has kernels for
   serve                             answer JSON requests {"command": "load"|"run"|"export", ...}, one a line,
                                     from standard input: one process for many programs
 
@@ -35,18 +37,30 @@ def run(args):
 
     arrays = np.load(args.inputs)
     inputs = [torch.from_numpy(arrays[f"arg{i}"]) for i in range(len(arrays.files))]
+    for i in getattr(args, "channels_last", None) or []:  # the runtime takes the bytes in the program's dim order
+        inputs[i] = inputs[i].to(memory_format=torch.channels_last)
     program = Runtime.get().load_program(args.pte, verification=Verification.InternalConsistency)
     outputs = program.load_method("forward").execute(inputs)
     np.savez(args.outputs, **{f"out{i}": np.asarray(o) for i, o in enumerate(outputs)})
     return {"outputs": len(outputs)}
 
 
+def kernels(_args):
+    import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed kernels)
+    from executorch.extension.pybindings import portable_lib
+
+    return {"kernels": sorted(set(portable_lib._get_operator_names()))}
+
+
 def export(args):
     import torch
     from executorch.exir import to_edge
 
-    spec = runpy.run_path(args.model_py)
-    exported = torch.export.export(spec["model"], tuple(spec["example_inputs"]))  # sources give eval-mode models
+    if args.model_py.endswith(".pt2"):  # saved by torch.export.save beside the same torch version
+        exported = torch.export.load(args.model_py)
+    else:
+        spec = runpy.run_path(args.model_py)
+        exported = torch.export.export(spec["model"], tuple(spec["example_inputs"]))  # sources give eval-mode models
     with open(args.out_pte, "wb") as f:
         f.write(to_edge(exported).to_executorch().buffer)
     return {"written": args.out_pte}
@@ -58,7 +72,7 @@ def serve(_args):
     import tempfile
     import types
 
-    commands = {"load": load, "run": run, "export": export}
+    commands = {"load": load, "run": run, "export": export, "kernels": kernels}
     for line in sys.stdin:
         request = json.loads(line)
         log = tempfile.TemporaryFile()
@@ -99,6 +113,7 @@ def main():
     p.add_argument("model_py")
     p.add_argument("out_pte")
     p.set_defaults(func=export)
+    sub.add_parser("kernels").set_defaults(func=kernels)
     sub.add_parser("serve").set_defaults(func=serve)
     args = parser.parse_args()
     try:

@@ -235,7 +235,8 @@ class Emitter:
             args.append((a, bound.get(a.name, default)))
         arg_values = [self._arg(v, str(a.real_type), like) for a, v in args]
         out_idx = [self._tensor_value(t, planned=True) for t in outs]
-        self.node_value[node] = out_idx[0] if len(out_idx) == 1 and not isinstance(val, (tuple, list)) else tuple(out_idx)
+        single = len(out_idx) == 1 and not isinstance(val, (tuple, list))
+        self.node_value[node] = out_idx[0] if single else tuple(out_idx)
         out_args, ret = self._out_args(node, schema, out_idx)
         arg_iter, full = iter(arg_values), []
         for a in schema.arguments:

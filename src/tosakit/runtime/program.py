@@ -256,7 +256,16 @@ class _Execution:
             if kernel is None:
                 op = self.plan.operators[instr.op_index]
                 kernel = self.kernels[instr.op_index] = Kernel(op.name, op.overload)
-            kernel([self._arg(i) for i in instr.args])
+            args = [self._arg(i) for i in instr.args]
+            try:
+                kernel(args)
+            except TosakitError:
+                raise
+            except Exception as exc:  # torch's message can hold whole tensors: name the call instead
+                raise TosakitError(f"{self.loaded.name}: instruction {pc}, kernel {kernel.key}, failed on "
+                                   f"({', '.join(_kind(a) for a in args)}): {_first_line(exc)}",
+                                   "the program does not fit this kernel's schema; re-export it, or report it "
+                                   "to tosakit if tosakit wrote it") from None
         elif isinstance(instr, DelegateCall):
             self._delegate(instr)
         elif isinstance(instr, MoveCall):
@@ -278,6 +287,20 @@ class _Execution:
         results = run_stored(tosa, ins, orders[:len(ins)], orders[len(ins):])
         for out, res in zip(outs, results):
             out.copy_(res.reshape(out.shape))
+
+
+def _kind(value) -> str:
+    """A value as an error message shows it: dtype and shape for tensors, never their contents."""
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_kind(v) for v in value[:8])}{', ...' if len(value) > 8 else ''}]"
+    return repr(value) if isinstance(value, (int, float, bool, type(None))) else type(value).__name__
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:200]
 
 
 class _Deferred:
