@@ -3,6 +3,7 @@ lowering does, into ops that have one (hardswish -> add, clamp, mul, div)."""
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -29,11 +30,16 @@ def has_kernel(target) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
+def _core_aten() -> dict:
+    return core_aten_decompositions()
+
+
 def _decomposition(target):
     """The function that rewrites ``target`` into simpler ATen ops, or None."""
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    fn = core_aten_decompositions().get(target) or decomposition_table.get(target)
+    fn = _core_aten().get(target) or decomposition_table.get(target)
     if fn is None and torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"):
         fn = target.decompose
     return fn
@@ -118,7 +124,8 @@ def decompose_for_runtime(gm: GraphModule, placements: list[NodePlacement] | Non
         try:
             traced = _trace(node, fn)
         except Exception as exc:  # torch raises many kinds; the first line says why
-            _refuse(node, f"decomposing it failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            _refuse(node, f"decomposing it failed: {first}")
         for n in _splice(gm, node, traced):
             if has_kernel(n.target) or n.target is operator.getitem:
                 pieces.setdefault(origin, []).append(str(n.target))

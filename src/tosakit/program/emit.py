@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, field
 
@@ -73,6 +74,7 @@ def executorch_call_delegate(lowered_module, *args):
 IMPLIED_BY_OUT = {"dtype", "layout", "device", "pin_memory"}
 
 
+@functools.lru_cache(maxsize=None)
 def runtime_kernels() -> frozenset[str]:
     """'aten::add.out', ...: the kernels the ExecuTorch runtime can resolve."""
     text = (Path(__file__).parent / "kernels.txt").read_text()
