@@ -11,7 +11,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import TosakitError
+from .errors import TosakitError, first_line
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
@@ -457,8 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         else:
             exc = sys.exc_info()[1]
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]  # the first line; never a tensor dump
-            print(f"internal error: {type(exc).__name__}: {(lines[0] if lines else '')[:200]}\n"
+            print(f"internal error: {type(exc).__name__}: {first_line(exc)}\n"
                   "  this is a tosakit bug; rerun with TOSAKIT_DEBUG=1 for the traceback and report it",
                   file=sys.stderr)
         return EXIT_INTERNAL_ERROR

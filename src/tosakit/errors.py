@@ -24,6 +24,13 @@ class UnsupportedOpError(TosakitError):
     """An operator no backend can run on a target that needs it."""
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first non-empty line, cut to ``limit`` characters: torch's messages can go on to
+    print whole tensors or generated code."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:limit]
+
+
 def did_you_mean(name: str, choices) -> str:
     """A short 'choose one of' text, nearest matches first."""
     import difflib

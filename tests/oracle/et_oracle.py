@@ -80,9 +80,8 @@ def serve(_args):
         sys.stderr.flush()
         os.dup2(log.fileno(), 2)  # the C++ runtime logs its reasons to file descriptor 2
         try:
-            args = types.SimpleNamespace(method=None)
-            vars(args).update(request)
-            result = commands[request.pop("command")](args)
+            command = commands[request.pop("command")]
+            result = command(types.SimpleNamespace(**{"method": None, **request}))
         except Exception as e:  # the runtime's refusal is the answer we report
             sys.stderr.flush()
             log.seek(0)

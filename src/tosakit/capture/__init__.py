@@ -16,7 +16,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import GraphModule
 
-from ..errors import TosakitError
+from ..errors import TosakitError, first_line
 from ..native import captured_output
 
 aten = torch.ops.aten
@@ -59,11 +59,6 @@ class CapturedProgram:
         return str(self.graph_module.graph)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return text[0] if text else type(exc).__name__
-
-
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> ExportedProgram:
     """``torch.export.export`` with a clear error when the model cannot be captured."""
     if not isinstance(example_inputs, tuple):
@@ -74,7 +69,7 @@ def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -
             return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # torch raises many kinds; the first line names the problem
         raise TosakitError(
-            f"torch.export could not capture {type(model).__name__}{_user_frame(exc)}: {_first_line(exc)}",
+            f"torch.export could not capture {type(model).__name__}{_user_frame(exc)}: {first_line(exc, 1000)}",
             "make forward() traceable: no Python control flow on tensor values (use torch.where / torch.cond), "
             "no unsupported Python objects; see https://pytorch.org/docs/stable/export.html",
         ) from exc
@@ -106,7 +101,7 @@ def to_core_aten(ep: ExportedProgram, preserve=PRESERVED_OPS) -> ExportedProgram
         return ep.run_decompositions(decomposition_table(preserve))
     except Exception as exc:
         raise TosakitError(
-            f"decomposing the exported program to core ATen failed: {_first_line(exc)}",
+            f"decomposing the exported program to core ATen failed: {first_line(exc, 1000)}",
             "export the model with torch.export.export(model, example_inputs) and pass that ExportedProgram",
         ) from exc
 

@@ -12,7 +12,7 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..errors import TosakitError, UnsupportedOpError
+from ..errors import TosakitError, UnsupportedOpError, first_line
 from ..partition import NodePlacement
 from ..partition.partitioner import source_of
 from .emit import executorch_call_delegate, out_schema
@@ -124,8 +124,7 @@ def decompose_for_runtime(gm: GraphModule, placements: list[NodePlacement] | Non
         try:
             traced = _trace(node, fn)
         except Exception as exc:  # torch raises many kinds; the first line says why
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            _refuse(node, f"decomposing it failed: {first}")
+            _refuse(node, f"decomposing it failed: {first_line(exc)}")
         for n in _splice(gm, node, traced):
             if has_kernel(n.target) or n.target is operator.getitem:
                 pieces.setdefault(origin, []).append(str(n.target))

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import TosakitError
+from ..errors import TosakitError, first_line
 from ..program import tosa_key
 from ..program.pte import deserialize_pte
 from ..program.schema import (
@@ -263,7 +263,7 @@ class _Execution:
                 raise
             except Exception as exc:  # torch's message can hold whole tensors: name the call instead
                 raise TosakitError(f"{self.loaded.name}: instruction {pc}, kernel {kernel.key}, failed on "
-                                   f"({', '.join(_kind(a) for a in args)}): {_first_line(exc)}",
+                                   f"({', '.join(_kind(a) for a in args)}): {first_line(exc)}",
                                    "the program does not fit this kernel's schema; re-export it, or report it "
                                    "to tosakit if tosakit wrote it") from None
         elif isinstance(instr, DelegateCall):
@@ -292,15 +292,10 @@ class _Execution:
 def _kind(value) -> str:
     """A value as an error message shows it: dtype and shape for tensors, never their contents."""
     if isinstance(value, torch.Tensor):
-        return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+        return str(TensorSpec(value.dtype, tuple(value.shape)))
     if isinstance(value, (list, tuple)):
         return f"[{', '.join(_kind(v) for v in value[:8])}{', ...' if len(value) > 8 else ''}]"
     return repr(value) if isinstance(value, (int, float, bool, type(None))) else type(value).__name__
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-    return (lines[0] if lines else type(exc).__name__)[:200]
 
 
 class _Deferred:
