@@ -1,5 +1,6 @@
 # make demo: set up .venv (pinned stack) if missing, then compile and verify the tutorial models.
 # make test: set up .venv and the ExecuTorch oracle venv, then run the whole test suite.
+# make fuzz: the full mutation sweep, then coverage-guided fuzzing for FUZZ_SECONDS (default 600).
 PYTHON ?= python3
 VENV := .venv
 ORACLE := .venv-oracle
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test setup oracle bench clean
+.PHONY: demo test setup oracle bench fuzz clean
 
 setup: $(STAMP)
 
@@ -30,6 +31,16 @@ demo: $(STAMP)
 
 test: $(STAMP) $(ORACLE_STAMP)
 	TOSAKIT_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+FUZZ_SECONDS ?= 600
+FUZZ_CASES ?= 8000
+
+fuzz: $(STAMP)
+	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[fuzz]'
+	$(VENV)/bin/python fuzz/sweep.py --cases $(FUZZ_CASES)
+	@mkdir -p fuzz/corpus/live fuzz/findings
+	$(VENV)/bin/python fuzz/target.py -max_total_time=$(FUZZ_SECONDS) -timeout=60 -rss_limit_mb=3072 \
+		-artifact_prefix=fuzz/findings/ fuzz/corpus/live fuzz/corpus/seeds
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)

@@ -88,6 +88,10 @@ class EtOracle:
         """'aten::add.out', ...: every operator the runtime registers a kernel for."""
         return set(self._call("kernels")["kernels"])
 
+    def kernel_schemas(self) -> dict[str, str]:
+        """Each registered kernel's schema, as torch prints it beside ExecuTorch 1.5.1."""
+        return self._call("kernels")["schemas"]
+
     def export_program(self, exported, out_pte: str | os.PathLike) -> Path:
         """A .pte made by ExecuTorch itself (``to_edge``, no partitioner) from a torch ExportedProgram."""
         import torch

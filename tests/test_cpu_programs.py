@@ -5,6 +5,7 @@ quantized: the fake-quantized model within one output step) and `tosakit run`'s.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,9 +133,28 @@ def test_builtin_model_cpu_program(name, quantize, program_check):
 def test_kernel_list_is_the_runtimes(et_oracle):
     """program/kernels.txt, which emission and the host runtime trust, names only kernels ExecuTorch
     1.5.1 registers, and all of its ATen, quantized and dim-order ones."""
-    from tosakit.program.emit import runtime_kernels
+    from tosakit.program.kernels import runtime_kernels
 
     namespaces = ("aten", "quantized_decomposed", "dim_order_ops")
     registered = {k for k in et_oracle.kernels() if k.split("::")[0] in namespaces}
     ours = runtime_kernels()
     assert ours == registered, (sorted(ours - registered), sorted(registered - ours))
+
+
+def test_kernel_schemas_are_the_runtimes(et_oracle):
+    """The schema kernels.txt gives each kernel, which the host runtime checks every KernelCall against,
+    is the one ExecuTorch 1.5.1 registers it with, and reads back argument by argument."""
+    from tosakit.program.kernels import kernel_schemas
+
+    theirs = et_oracle.kernel_schemas()
+    ours = kernel_schemas()
+    text = (Path(__file__).resolve().parents[1] / "src/tosakit/program/kernels.txt").read_text()
+    lines = {ln.split("(")[0]: ln for ln in text.splitlines() if ln and not ln.startswith("#")}
+    assert {k: lines[k] for k in ours} == {k: theirs[k] for k in ours}
+    split = ours["aten::split_with_sizes_copy.out"]
+    assert [(a.name, a.kinds(), a.is_out) for a in split.args] == [
+        ("self", ("Tensor",), False), ("split_sizes", ("IntList",), False), ("dim", ("Int",), False),
+        ("out", ("TensorList",), True)]
+    assert split.return_kinds == ("TensorList",) and ours["aten::add.out"].return_kinds == ("Tensor",)
+    assert ours["aten::index.Tensor_out"].args[1].kinds() == ("OptionalTensorList",)
+    assert ours["aten::sym_size.int"].return_kinds == ("Int",)

@@ -16,42 +16,32 @@ for _name in ("torchao", "torch.utils._pytree"):
     _logging.getLogger(_name).setLevel(_logging.ERROR)
 _warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*", category=FutureWarning)
 
-from .backends.ethosu import EthosUPartitioner  # noqa: E402
-from .backends.vgf import VgfPartitioner  # noqa: E402
-from .errors import TosakitError  # noqa: E402
-from .lower import TOSAPartitioner  # noqa: E402
-from .partition import DontPartition, DontPartitionModule, DontPartitionName  # noqa: E402
-from .program import (  # noqa: E402
-    EdgeCompileConfig,
-    EdgeProgramManager,
-    ExecutorchBackendConfig,
-    ExecutorchProgramManager,
-    to_edge,
-    to_edge_transform_and_lower,
-    save_pte_program,
-)
-from .quantize import (  # noqa: E402
-    EthosUQuantizer,
-    QuantizationConfig,
-    TOSAQuantizer,
-    VgfQuantizer,
-    get_symmetric_a16w8_quantization_config,
-    get_symmetric_quantization_config,
-)
-from .specs import (  # noqa: E402
-    ArmCompileSpecBuilder,
-    EthosUCompileSpec,
-    TosaCompileSpec,
-    TosaSpecification,
-    VgfCompileSpec,
-    generate_ethosu_compile_spec,
-    generate_tosa_compile_spec,
-    generate_vgf_compile_spec,
-)
+from .lazy import lazy_exports  # noqa: E402
+
+_EXPORTS = {
+    ".backends.ethosu": ["EthosUPartitioner"],
+    ".backends.vgf": ["VgfPartitioner"],
+    ".errors": ["TosakitError"],
+    ".lower": ["TOSAPartitioner"],
+    ".partition": ["DontPartition", "DontPartitionModule", "DontPartitionName"],
+    ".program": ["EdgeCompileConfig", "EdgeProgramManager", "ExecutorchBackendConfig", "ExecutorchProgramManager",
+                 "to_edge", "to_edge_transform_and_lower", "save_pte_program"],
+    ".quantize": ["EthosUQuantizer", "QuantizationConfig", "TOSAQuantizer", "VgfQuantizer",
+                  "get_symmetric_a16w8_quantization_config", "get_symmetric_quantization_config"],
+    ".specs": ["ArmCompileSpecBuilder", "EthosUCompileSpec", "TosaCompileSpec", "TosaSpecification",
+               "VgfCompileSpec", "generate_ethosu_compile_spec", "generate_tosa_compile_spec",
+               "generate_vgf_compile_spec"],
+}
+__getattr__, __dir__ = lazy_exports(__name__, {name: module for module, names in _EXPORTS.items() for name in names})
 
 
 def ArmPartitioner(compile_spec, additional_checks=None):
     """The older partitioner name: picks the partitioner that matches ``compile_spec``."""
+    from .backends.ethosu import EthosUPartitioner
+    from .backends.vgf import VgfPartitioner
+    from .lower import TOSAPartitioner
+    from .specs import EthosUCompileSpec, VgfCompileSpec
+
     if isinstance(compile_spec, EthosUCompileSpec):
         return EthosUPartitioner(compile_spec, additional_checks)
     if isinstance(compile_spec, VgfCompileSpec):

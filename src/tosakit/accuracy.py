@@ -62,7 +62,7 @@ def measure(model: nn.Module, data: Split, target: str, schemes: list[str], cali
         spec = compile_spec_for_target(target).with_debug_info()
         compiled = compile(model, (x[:1],), spec, quantize=True, config=SCHEMES[scheme](),
                            calibration=data.calibration(calibration))
-        program = LoadedProgram(compiled.program.buffer, f"{scheme} program")
+        program = LoadedProgram(compiled.program.buffer, f"{scheme} program", isolate=False)
         with torch.no_grad():
             fake = torch.cat([compiled.quantized(x[i:i + 1]) for i in range(len(x))])
         got = torch.cat([program.run([x[i:i + 1]])[0] for i in range(len(x))])

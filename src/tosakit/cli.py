@@ -268,9 +268,12 @@ def _cmd_run(args) -> int:
     import numpy as np
 
     from .runtime import load
+
+    program = load(args.pte, limits=_limits(args))  # validated whole before torch is even imported
+    import torch
+
     from .runtime.io import random_inputs, read_inputs, write_outputs
 
-    program = load(args.pte)
     specs = program.input_specs()
     if args.inputs:
         inputs = read_inputs(args.inputs, len(specs))
@@ -291,16 +294,55 @@ def _cmd_run(args) -> int:
         print(desc)
     print(f"ran {args.pte} in {seconds:.3f} s")
     if args.outputs:
-        write_outputs(args.outputs, [np.asarray(o) for o in outputs])
+        # numpy has no bfloat16: such outputs are written widened to float32
+        write_outputs(args.outputs, [np.asarray(o.float() if o.dtype == torch.bfloat16 else o) for o in outputs])
         print(f"wrote {args.outputs}")
     return 0
+
+
+def _limits(args):
+    from .runtime import Limits
+
+    return Limits(max_memory=args.max_memory, timeout=args.timeout)
+
+
+def _bytes(text: str) -> int:
+    """A byte count: 1000000, 512M, 2G (binary units)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = text.upper().rstrip("IB").rstrip(), ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write e.g. 1000000, 512M or 2G") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the timeout must be positive")
+    return value
+
+
+def _add_limits(p) -> None:
+    p.add_argument("--max-memory", "--max_memory", type=_bytes, default=1 << 30, metavar="SIZE",
+                   help="refuse a program that needs more memory than this (default 1G; e.g. 512M, 4G)")
+    p.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
+                   help="stop a run that takes longer (default 600)")
 
 
 def _cmd_inspect(args) -> int:
     from .runtime import load
     from .runtime.inspect import describe
 
-    program = load(args.pte)
+    program = load(args.pte, limits=_limits(args))
     print(describe(program, Path(args.pte).stat().st_size))
     return 0
 
@@ -421,9 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--random", action="store_true", help="seeded random inputs of the program's shapes")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--outputs", help="write the outputs to this .npz (out0, out1, ...)")
+    _add_limits(r)
     r.set_defaults(func=_cmd_run)
     i = sub.add_parser("inspect", help="describe a .pte: methods, I/O, kernels, delegates, memory")
     i.add_argument("pte")
+    _add_limits(i)
     i.set_defaults(func=_cmd_inspect)
     a = sub.add_parser("accuracy", help="quantization accuracy of a trained model: float vs fake-quant vs program")
     a.add_argument("-m", "--model_name", "--model-name", default="digits", help="a trained zoo model (digits, waves)")

@@ -49,7 +49,19 @@ def kernels(_args):
     import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed kernels)
     from executorch.extension.pybindings import portable_lib
 
-    return {"kernels": sorted(set(portable_lib._get_operator_names()))}
+    import torch
+    from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (registers dim_order_ops schemas)
+
+    names = sorted(set(portable_lib._get_operator_names()))
+    schemas = {}
+    for name in names:
+        namespace, _, rest = name.partition("::")
+        op, _, overload = rest.partition(".")
+        try:
+            schemas[name] = str(getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")._schema)
+        except (AttributeError, RuntimeError):
+            pass  # registered in the runtime with no Python schema (e.g. executorch_prim)
+    return {"kernels": names, "schemas": schemas}
 
 
 def export(args):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import dataclass, field
 
@@ -10,10 +9,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
-from pathlib import Path
 
 from ..errors import TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import storage_order
+from .kernels import runtime_kernels
 from .pte import constant_segment_bytes
 from .schema import (
     AllocationDetails,
@@ -72,13 +71,6 @@ def executorch_call_delegate(lowered_module, *args):
 
 # Arguments an .out kernel drops because the ``out`` tensor already says them (e.g. _to_copy, full).
 IMPLIED_BY_OUT = {"dtype", "layout", "device", "pin_memory"}
-
-
-@functools.lru_cache(maxsize=None)
-def runtime_kernels() -> frozenset[str]:
-    """'aten::add.out', ...: the kernels the ExecuTorch runtime can resolve."""
-    text = (Path(__file__).parent / "kernels.txt").read_text()
-    return frozenset(ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
 
 
 def _copy_variant(target):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import MISSING, dataclass, fields, replace
 
@@ -154,6 +155,11 @@ def serialize_pte(program: Program, segments: list[bytes]) -> bytes:
     for data in segments:
         out += data + bytes(_align(len(data), SEGMENT_ALIGNMENT) - len(data))
     return bytes(out)
+
+
+def tosa_key(processed: bytes) -> str:
+    """Named-data key of a delegate's TOSA (carried with --debug-info): found from the payload itself."""
+    return f"tosakit.tosa.{hashlib.sha256(processed).hexdigest()[:24]}"
 
 
 def constant_segment_bytes(tensors: list[bytes]) -> tuple[bytes, list[int]]:

@@ -4,9 +4,8 @@ position is its flatbuffer slot (a union takes two), and its ``kind`` metadata s
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import MISSING, dataclass, field, fields
-
-import torch
 
 from ..errors import TosakitError
 from ..specs import CompileSpec
@@ -378,50 +377,55 @@ def layout(table: type) -> tuple[tuple[str, int, object], ...]:
     return _LAYOUTS[table]
 
 
-# ------------------------------------------------------------------ torch dtypes
+# ------------------------------------------------------------------ element types
 
-_TORCH_DTYPES = {
-    ScalarType.BYTE: torch.uint8,
-    ScalarType.CHAR: torch.int8,
-    ScalarType.SHORT: torch.int16,
-    ScalarType.INT: torch.int32,
-    ScalarType.LONG: torch.int64,
-    ScalarType.HALF: torch.float16,
-    ScalarType.FLOAT: torch.float32,
-    ScalarType.DOUBLE: torch.float64,
-    ScalarType.BOOL: torch.bool,
-    ScalarType.QINT8: torch.qint8,
-    ScalarType.QUINT8: torch.quint8,
-    ScalarType.QINT32: torch.qint32,
-    ScalarType.BFLOAT16: torch.bfloat16,
-    ScalarType.QUINT4X2: torch.quint4x2,
-    ScalarType.QUINT2X4: torch.quint2x4,
-    ScalarType.BITS16: torch.bits16,
-    ScalarType.FLOAT8E5M2: torch.float8_e5m2,
-    ScalarType.FLOAT8E4M3FN: torch.float8_e4m3fn,
-    ScalarType.FLOAT8E5M2FNUZ: torch.float8_e5m2fnuz,
-    ScalarType.FLOAT8E4M3FNUZ: torch.float8_e4m3fnuz,
-    ScalarType.UINT16: torch.uint16,
-    ScalarType.UINT32: torch.uint32,
-    ScalarType.UINT64: torch.uint64,
+# name (torch and numpy spell them alike, bool aside) and bytes per element, of the types a program may hold
+ELEMENT_TYPES: dict[ScalarType, tuple[str, int]] = {
+    ScalarType.BYTE: ("uint8", 1),
+    ScalarType.CHAR: ("int8", 1),
+    ScalarType.SHORT: ("int16", 2),
+    ScalarType.INT: ("int32", 4),
+    ScalarType.LONG: ("int64", 8),
+    ScalarType.HALF: ("float16", 2),
+    ScalarType.FLOAT: ("float32", 4),
+    ScalarType.DOUBLE: ("float64", 8),
+    ScalarType.BOOL: ("bool", 1),
+    ScalarType.QINT8: ("qint8", 1),
+    ScalarType.QUINT8: ("quint8", 1),
+    ScalarType.QINT32: ("qint32", 4),
+    ScalarType.BFLOAT16: ("bfloat16", 2),
+    ScalarType.QUINT4X2: ("quint4x2", 1),
+    ScalarType.QUINT2X4: ("quint2x4", 1),
+    ScalarType.BITS16: ("bits16", 2),
+    ScalarType.FLOAT8E5M2: ("float8_e5m2", 1),
+    ScalarType.FLOAT8E4M3FN: ("float8_e4m3fn", 1),
+    ScalarType.FLOAT8E5M2FNUZ: ("float8_e5m2fnuz", 1),
+    ScalarType.FLOAT8E4M3FNUZ: ("float8_e4m3fnuz", 1),
+    ScalarType.UINT16: ("uint16", 2),
+    ScalarType.UINT32: ("uint32", 4),
+    ScalarType.UINT64: ("uint64", 8),
 }
-_SCALAR_TYPES = {dtype: st for st, dtype in _TORCH_DTYPES.items()}
 
 
-def scalar_type_of(dtype: torch.dtype) -> ScalarType:
+@functools.lru_cache(maxsize=None)
+def _torch_dtypes() -> dict:
+    import torch
+
+    return {st: getattr(torch, name) for st, (name, _) in ELEMENT_TYPES.items()}
+
+
+def scalar_type_of(dtype) -> ScalarType:
     """The ExecuTorch scalar type of a torch dtype."""
-    try:
-        return _SCALAR_TYPES[dtype]
-    except KeyError:
-        raise TosakitError(
-            f"dtype {dtype} has no ExecuTorch scalar type",
-            f"use one of: {', '.join(str(d) for d in _SCALAR_TYPES)}",
-        ) from None
+    for st, d in _torch_dtypes().items():
+        if d == dtype:
+            return st
+    raise TosakitError(f"dtype {dtype} has no ExecuTorch scalar type",
+                       f"use one of: {', '.join('torch.' + name for name, _ in ELEMENT_TYPES.values())}")
 
 
-def torch_dtype_of(scalar_type: ScalarType | int) -> torch.dtype:
+def torch_dtype_of(scalar_type: ScalarType | int):
     """The torch dtype of an ExecuTorch scalar type."""
     try:
-        return _TORCH_DTYPES[ScalarType(scalar_type)]
+        return _torch_dtypes()[ScalarType(scalar_type)]
     except ValueError:
         raise TosakitError(f"unknown ExecuTorch scalar type {scalar_type!r}") from None

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ..backends.ethosu import parse_payload
+from ..backends.ethosu.payload import parse_payload
 from ..errors import TosakitError
-from ..program import tosa_key
 from ..program.schema import DelegateCall, KernelCall
 from .program import LoadedProgram
 
@@ -43,8 +42,7 @@ def describe(loaded: LoadedProgram, size: int | None = None) -> str:
                 lines.append(f"    {spec.key} = {spec.value.decode(errors='replace')}")
             if d.id == "EthosUBackend":
                 lines += _ethosu_lines(payload)
-            carried = tosa_key(payload) in loaded._tosa
-            lines.append(f"    TOSA for host runs: {'carried (--debug-info)' if carried or d.id == 'TOSABackend' else 'not carried'}")
+            lines.append(f"    TOSA for host runs: {'carried (--debug-info)' if loaded.carries_tosa(d) else 'not carried'}")
     for nd in prog.named_data or []:
         lines.append(f"named data {nd.key}: {_kib(len(loaded.segments[nd.segment_index]))}")
     return "\n".join(lines)

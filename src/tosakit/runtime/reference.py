@@ -3,39 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
-import tosa_reference_model as trm
 from torch.fx import Interpreter
 
-from ..errors import TosakitError
-from ..native import captured_output
 from ..program import EdgeProgramManager, LoweredBackendModule
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import is_dequantize, is_quantize, qparams_of
+from .refmodel import run_tosa
 
 
-def run_tosa(tosa: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Run a TOSA flatbuffer on ``tosa_reference_model``; the outputs in graph order."""
-    inputs = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
-    with captured_output((1, 2)) as printed:
-        try:
-            outputs, status = trm.run(tosa, inputs)
-        except ValueError as exc:
-            outputs, status = None, exc
-    if outputs is None or status != trm.GraphStatus.TOSA_VALID:
-        detail = [ln for ln in printed[0].splitlines() if ln.strip() and "Different TOSA spec" not in ln]
-        raise TosakitError(f"tosa_reference_model refused the graph: {status}; " + " | ".join(detail[-3:]),
-                           "check the input shapes and dtypes against the delegate's inputs")
-    return [np.asarray(o) for o in outputs]
-
-
-def run_stored(tosa: bytes, tensors: list[torch.Tensor], in_orders, out_orders) -> list[torch.Tensor]:
+def run_stored(tosa: bytes, tensors: list[torch.Tensor], in_orders, out_orders,
+               runner: Callable[[bytes, list[np.ndarray]], list[np.ndarray]] = run_tosa) -> list[torch.Tensor]:
     """Run TOSA whose I/O is stored in the given dim orders (NHWC for channels-last I/O) on torch-layout
-    tensors; the first ``len(out_orders)`` results come back in torch layout, the rest as they are."""
+    tensors (with ``runner``: in this process by default); the first ``len(out_orders)`` results come back
+    in torch layout, the rest as they are."""
     arrays = [t.detach().permute(tuple(o)).contiguous().numpy() for t, o in zip(tensors, in_orders)]
-    results = [torch.from_numpy(np.array(r)) for r in run_tosa(tosa, arrays)]
+    results = [torch.from_numpy(np.array(r)) for r in runner(tosa, arrays)]
     return [r.permute(tuple(np.argsort(o).tolist())) for r, o in zip(results, out_orders)] + results[len(out_orders):]
 
 

@@ -216,7 +216,7 @@ def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: 
     model (``convert_pt2e`` output, evaluated exactly: see ``ExactInterpreter``)."""
     tosa = {tosa_key(m.processed_bytes): m.tosa for m in edge.program.graph_module.children()
             if isinstance(m, LoweredBackendModule)}
-    got = LoadedProgram(program.buffer, "the lowered program", tosa).run(list(inputs))
+    got = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False).run(list(inputs))
     with torch.no_grad():
         floats = _as_tuple(float_model(*inputs)) if float_model is not None else None
     fakes = evaluate_exact(fake_quant, *inputs) if fake_quant is not None else None

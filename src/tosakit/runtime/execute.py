@@ -1,0 +1,226 @@
+"""Running a validated method: its arenas (exactly the bytes its tensors use, never resizable), its values,
+ExecuTorch CPU kernels as PyTorch implements them, delegates on the TOSA reference model, within the
+run's step and time limits."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..errors import TosakitError, first_line
+from ..program import schema as S
+from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
+from .program import LoadedProgram, TensorSpec
+from .refmodel import IsolatedReferenceModel
+from .reference import run_stored
+from .validate import MethodLayout, tensor_nbytes
+
+# Kernels torch has no ".out" overload for: the functional op runs and its result is copied to ``out``.
+FUNCTIONAL_OUT = {
+    "quantized_decomposed::quantize_per_tensor.out": "quantize_per_tensor",
+    "quantized_decomposed::dequantize_per_tensor.out": "dequantize_per_tensor",
+    "quantized_decomposed::quantize_per_channel.out": "quantize_per_channel",
+    "quantized_decomposed::dequantize_per_channel.out": "dequantize_per_channel",
+}
+# ExecuTorch's dim-order copies: with contiguous tensors they are dtype-converting copies.
+COPIES = {"dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out"}
+
+
+class Kernel:
+    """One ExecuTorch kernel, called with its KernelCall's values (schema arguments, then the return slot)."""
+
+    def __init__(self, schema: KernelSchema):
+        from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401  (registers ops)
+
+        self.schema, self.key = schema, schema.key
+        self.copy_only, self.functional = self.key in COPIES, self.key in FUNCTIONAL_OUT
+        self.op = None
+        if self.copy_only:
+            return
+        name, _, overload = self.key.partition(".")
+        namespace, _, op = name.partition("::")
+        try:
+            if self.functional:
+                self.op = getattr(torch.ops.quantized_decomposed, FUNCTIONAL_OUT[self.key]).default
+            else:
+                self.op = getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+        except (AttributeError, RuntimeError):
+            raise TosakitError(f"the program calls ExecuTorch kernel {self.key}, which the host runtime (PyTorch) "
+                               f"does not implement", "run this program on a device, or report the operator to "
+                               "tosakit") from None
+
+    def __call__(self, args: list):
+        """Run; the value for the return slot (the out tensor(s) are written in place)."""
+        out = args[-1]
+        if self.copy_only:
+            out.copy_(args[0].to(out.dtype))
+            return out
+        positional, keywords = [], {}
+        for a, value in zip(self.schema.args, args):
+            if a.base == "ScalarType" and isinstance(value, int):
+                value = S.torch_dtype_of(value)
+            elif a.base == "MemoryFormat":
+                value = None  # planned tensors are contiguous in their dim order
+            if a.is_out and self.functional:
+                continue
+            if a.kwarg_only:
+                keywords[a.name] = value
+            else:
+                positional.append(value)
+        result = self.op(*positional, **keywords)
+        if self.functional:
+            out.copy_(result)
+        return result if not self.schema.outs else out
+
+
+class Execution:
+    """The values and memory of one run."""
+
+    def __init__(self, loaded: LoadedProgram, plan: S.ExecutionPlan, layout: MethodLayout):
+        self.loaded, self.plan, self.layout, self.limits = loaded, plan, layout, loaded.limits
+        self.arenas = [_zeros(n) for n in layout.arena_bytes]
+        constant = loaded.program.constant_segment
+        self.const_data = loaded.segments[constant.segment_index] if constant else b""
+        self.const_offsets = constant.offsets if constant else [0]
+        self.values: list = [self._materialize(ev.val) for ev in plan.values]
+        schemas = kernel_schemas()
+        self.kernels = [Kernel(schemas[kernel_key(op.name, op.overload)]) for op in plan.operators]
+        self.refmodel: IsolatedReferenceModel | None = None
+
+    def _tensor(self, t: S.Tensor) -> torch.Tensor:
+        order = list(t.dim_order) or list(range(len(t.sizes)))
+        stored = self._stored_tensor(t, tuple(t.sizes[d] for d in order))
+        return stored.permute(tuple(np.argsort(order).tolist()))  # the torch-layout view of the stored bytes
+
+    def _stored_tensor(self, t: S.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor's bytes (constant, planned or fresh; bounds checked by validation) in its stored ``shape``."""
+        dtype, nbytes = S.torch_dtype_of(t.scalar_type), tensor_nbytes(t)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        if t.data_buffer_idx > 0:
+            start = self.const_offsets[t.data_buffer_idx]
+            raw = bytearray(self.const_data[start:start + nbytes])
+            return torch.frombuffer(raw, dtype=dtype).reshape(shape)
+        if t.allocation_info is None:
+            return _zeros(nbytes).view(dtype).reshape(shape)
+        a = t.allocation_info
+        offset = a.memory_offset_low | (a.memory_offset_high << 32)
+        return self.arenas[a.memory_id][offset:offset + nbytes].view(dtype).reshape(shape)
+
+    def _materialize(self, val):
+        if isinstance(val, S.Tensor):
+            return self._tensor(val)
+        if isinstance(val, S.Null):
+            return None
+        if isinstance(val, (S.Int, S.Bool, S.Double, S.String)):
+            return next(iter(vars(val).values()))
+        if isinstance(val, (S.DoubleList, S.BoolList)):
+            return list(val.items)
+        return _Deferred(list(val.items))  # IntList, TensorList, OptionalTensorList: members are other values
+
+    def _arg(self, index: int):
+        v = self.values[index]
+        return [None if j == -1 else self.values[j] for j in v.items] if isinstance(v, _Deferred) else v
+
+    def _bind_inputs(self, inputs: list) -> None:
+        specs = self.loaded.input_specs(self.plan.name)
+        if len(inputs) != len(specs):
+            raise TosakitError(f"{self.loaded.name} takes {len(specs)} input(s) "
+                               f"({', '.join(map(str, specs))}), got {len(inputs)}",
+                               "pass one tensor per input, in order")
+        for k, (x, spec, vi) in enumerate(zip(inputs, specs, self.plan.inputs)):
+            t = torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor) else x
+            if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
+                raise TosakitError(f"input {k} of {self.loaded.name}: expected {spec}, got {_kind(t)}",
+                                   "pass tensors of the exported shape and dtype")
+            self.values[vi].copy_(t)
+
+    def run(self, inputs: list) -> list[torch.Tensor]:
+        self._bind_inputs(inputs)
+        instructions = self.plan.chains[0].instructions if self.plan.chains else []
+        deadline = time.monotonic() + self.limits.timeout
+        pc, steps = 0, 0
+        try:
+            with torch.no_grad():
+                while pc < len(instructions):
+                    steps += 1
+                    if steps > self.limits.max_steps or time.monotonic() > deadline:
+                        raise TosakitError(f"{self.loaded.name}: stopped at instruction {pc} after {steps - 1} steps "
+                                           f"and {self.limits.timeout - (deadline - time.monotonic()):.1f} s, "
+                                           f"past the run's limit", "raise --timeout if you trust the file")
+                    pc = self._step(instructions[pc].instr_args, pc, deadline)
+        finally:
+            if self.refmodel is not None:
+                self.refmodel.close()
+        return [self.values[i].clone() for i in self.plan.outputs]
+
+    def _step(self, instr, pc: int, deadline: float) -> int:
+        if isinstance(instr, S.KernelCall):
+            kernel = self.kernels[instr.op_index]
+            args = [self._arg(i) for i in instr.args]
+            try:
+                result = kernel(args)
+            except TosakitError:
+                raise
+            except Exception as exc:  # torch's message can hold whole tensors: name the call instead
+                raise TosakitError(f"{self.loaded.name}: instruction {pc}, kernel {kernel.key}, failed on "
+                                   f"({', '.join(_kind(a) for a in args)}): {first_line(exc)}",
+                                   "the program does not fit this kernel's schema; re-export it, or report it "
+                                   "to tosakit if tosakit wrote it") from None
+            if not kernel.schema.outs:
+                self.values[instr.args[-1]] = result.item() if isinstance(result, torch.Tensor) else result
+        elif isinstance(instr, S.DelegateCall):
+            self._delegate(instr, pc, deadline)
+        elif isinstance(instr, S.MoveCall):
+            self.values[instr.move_to] = self.values[instr.move_from]
+        elif isinstance(instr, S.JumpFalseCall):
+            cond = self._arg(instr.cond_value_index)
+            if not bool(cond.all() if isinstance(cond, torch.Tensor) else cond):
+                return instr.destination_instruction
+        return pc + 1
+
+    def _delegate(self, call: S.DelegateCall, pc: int, deadline: float) -> None:
+        delegate = self.plan.delegates[call.delegate_index]
+        tosa = self.loaded.delegate_tosa(delegate)
+        summary = self.layout.delegate_tosa[call.delegate_index]
+        args = [self._arg(i) for i in call.args]
+        n_in = len(summary.inputs)
+        ins, outs = args[:n_in], args[n_in:]
+        orders = [list(self.plan.values[i].val.dim_order) or list(range(t.dim())) for i, t in zip(call.args, args)]
+        what = f"{self.loaded.name}: instruction {pc} (delegate {call.delegate_index}, {delegate.id})"
+        if self.loaded.isolate:
+            if self.refmodel is None:
+                self.refmodel = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
+            results = run_stored(tosa, ins, orders[:n_in], orders[n_in:],
+                                 lambda g, arrays: self.refmodel.run(g, arrays, what))
+        else:
+            results = run_stored(tosa, ins, orders[:n_in], orders[n_in:])
+        try:
+            for out, res in zip(outs, results, strict=True):
+                out.copy_(res.reshape(out.shape))
+        except (RuntimeError, ValueError) as exc:
+            raise TosakitError(f"{what}: its results do not fit the program's output tensors: {first_line(exc)}",
+                               "the delegate's TOSA and the program disagree: re-export it") from None
+
+
+def _zeros(nbytes: int) -> torch.Tensor:
+    """Zeroed bytes whose storage kernels cannot grow (an ``out=`` resize past them fails, never allocates)."""
+    return torch.from_numpy(np.zeros(max(nbytes, 1), dtype=np.uint8))
+
+
+def _kind(value) -> str:
+    """A value as an error message shows it: dtype and shape for tensors, never their contents."""
+    if isinstance(value, torch.Tensor):
+        return str(TensorSpec(S.scalar_type_of(value.dtype), tuple(value.shape)))
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_kind(v) for v in value[:8])}{', ...' if len(value) > 8 else ''}]"
+    return repr(value) if isinstance(value, (int, float, bool, type(None))) else type(value).__name__
+
+
+class _Deferred:
+    """A list value whose members are other values (resolved when used)."""
+
+    def __init__(self, items: list[int]):
+        self.items = items
