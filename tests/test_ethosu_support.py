@@ -95,7 +95,7 @@ def test_ethosu_reasons_reach_the_report(target):
 def test_vela_is_the_final_check(monkeypatch):
     """With no limits table at all, Vela's own refusal still keeps the offending node on the CPU:
     each operator of the type Vela named is compiled alone to find which one it refuses."""
-    import tosakit.backends.ethosu as ethosu
+    import tosakit.backends.ethosu.backend as ethosu
     from tosakit.backends.ethosu.support import TargetLimits
 
     monkeypatch.setattr(ethosu, "limits_for", lambda target: TargetLimits("nothing", frozenset(), ()))
