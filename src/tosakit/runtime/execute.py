@@ -4,12 +4,14 @@ run's step and time limits."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
 import torch
 
 from ..errors import TosakitError, first_line
+from ..native import captured_output
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from .program import LoadedProgram, TensorSpec
@@ -69,9 +71,15 @@ class Kernel:
                 keywords[a.name] = value
             else:
                 positional.append(value)
+        outs = [(a.name, t, t.shape) for a, v in zip(self.schema.args, args) if a.is_out
+                for t in (v if isinstance(v, list) else [v])]
         result = self.op(*positional, **keywords)
         if self.functional:
             out.copy_(result)
+        for name, t, shape in outs:  # an out= kernel resizes a mismatched out (torch only warns): refuse it
+            if t.shape != shape:
+                raise ValueError(f"it resized out {name!r} from {list(shape)} to {list(t.shape)}: the program's "
+                                 f"tensor shapes do not fit this call")
         return result if not self.schema.outs else out
 
 
@@ -142,8 +150,8 @@ class Execution:
         instructions = self.plan.chains[0].instructions if self.plan.chains else []
         deadline = time.monotonic() + self.limits.timeout
         pc, steps = 0, 0
-        try:
-            with torch.no_grad():
+        try:  # torch's C++ warnings (e.g. an out resized) stay off the terminal unless the run succeeds
+            with torch.no_grad(), captured_output((2,)) as printed:
                 while pc < len(instructions):
                     steps += 1
                     if steps > self.limits.max_steps or time.monotonic() > deadline:
@@ -154,6 +162,7 @@ class Execution:
         finally:
             if self.refmodel is not None:
                 self.refmodel.close()
+        sys.stderr.write(printed[0])
         return [self.values[i].clone() for i in self.plan.outputs]
 
     def _step(self, instr, pc: int, deadline: float) -> int:
@@ -183,8 +192,9 @@ class Execution:
 
     def _delegate(self, call: S.DelegateCall, pc: int, deadline: float) -> None:
         delegate = self.plan.delegates[call.delegate_index]
-        tosa = self.loaded.delegate_tosa(delegate)
-        summary = self.layout.delegate_tosa[call.delegate_index]
+        if call.delegate_index not in self.layout.delegate_tosa:  # validation found no TOSA to run
+            raise self.loaded.no_tosa(delegate)
+        tosa, summary = self.layout.delegate_tosa[call.delegate_index]
         args = [self._arg(i) for i in call.args]
         n_in = len(summary.inputs)
         ins, outs = args[:n_in], args[n_in:]
