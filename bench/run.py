@@ -278,7 +278,26 @@ def zoo(args) -> None:
         print(f"ratio plot: {_plot_ratios(ratios)}")
 
 
-BENCHES = {"host-runtime": host_runtime, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo}
+def hostile(args) -> None:
+    """The untrusted-.pte issue's attacks through `tosakit run` in a fresh process: seconds and peak memory
+    to the one-line refusal (the issue's goal: under 1 s and 200 MB each)."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "fuzz"))
+    from attacks import REPRODUCERS, run_cli, write
+    from seeds import build_seeds
+
+    seeds = {p.stem: p for p in build_seeds(OUT / "fuzz-seeds")}
+    print(f"{'attack':<16}{'exit':>6}{'seconds':>10}{'peak MB':>10}{'torch loaded':>14}")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in REPRODUCERS:
+            path = write(name, seeds, Path(folder))
+            start = time.perf_counter()
+            code, imported, _, peak = run_cli(["run", str(path), "--random", "--outputs", str(Path(folder) / "o.npz")])
+            print(f"{name:<16}{code:>6}{time.perf_counter() - start:>10.2f}{peak:>10.0f}{imported:>14}")
+
+
+BENCHES = {"host-runtime": host_runtime, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo}
 
 
 def main(argv=None) -> int:

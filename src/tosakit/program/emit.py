@@ -9,7 +9,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
-
 from ..errors import TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import storage_order
 from .kernels import runtime_kernels

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ..backends.ethosu.payload import parse_payload
-from ..errors import TosakitError
 from ..program.schema import DelegateCall, KernelCall
 from .program import LoadedProgram
 
@@ -49,10 +48,7 @@ def describe(loaded: LoadedProgram, size: int | None = None) -> str:
 
 
 def _ethosu_lines(payload: bytes) -> list[str]:
-    try:
-        p = parse_payload(payload)
-    except TosakitError as exc:
-        return [f"    Ethos-U payload: unreadable ({exc.message})"]
+    p = parse_payload(payload)  # validation has parsed it once already: it reads
     blocks = ", ".join(f"{name} {size}" for name, size in p.blocks)
     io = [f"{kind} {k}: {'x'.join(map(str, t.shape))} x{t.elem_size}B at region {t.region}+{t.offset}"
           for kind, ts in (("in", p.inputs), ("out", p.outputs)) for k, t in enumerate(ts)]

@@ -77,17 +77,11 @@ class LoadedProgram:
         """Whether the host can run ``delegate``: a TOSA delegate, or one whose TOSA is carried (--debug-info)."""
         return delegate.id == "TOSABackend" or tosa_key(self.delegate_payload(delegate)) in self._tosa
 
-    def delegate_tosa(self, delegate: S.BackendDelegate) -> bytes:
-        """The TOSA a delegate runs from: its payload (TOSABackend) or the TOSA carried beside it."""
-        data = self.delegate_payload(delegate)
-        if delegate.id == "TOSABackend":
-            return data
-        if tosa_key(data) not in self._tosa:
-            raise TosakitError(
-                f"{self.name}: delegate {delegate.id} has no TOSA graph inside the program, so it cannot run "
-                f"on the host",
-                "recompile with `tosakit compile ... --debug-info` (Python: compile_spec.with_debug_info())")
-        return self._tosa[tosa_key(data)]
+    def no_tosa(self, delegate: S.BackendDelegate) -> TosakitError:
+        """Why ``delegate`` cannot run on the host: the program carries no TOSA for it."""
+        return TosakitError(f"{self.name}: delegate {delegate.id} has no TOSA graph inside the program, so it "
+                            f"cannot run on the host",
+                            "recompile with `tosakit compile ... --debug-info` (Python: compile_spec.with_debug_info())")
 
     # -------------------------------------------------------------- execution
 

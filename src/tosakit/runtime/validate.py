@@ -43,7 +43,7 @@ class MethodLayout:
     """What validation learned about a method, for running it: arena bytes in use and each delegate's TOSA."""
 
     arena_bytes: list[int]
-    delegate_tosa: dict[int, TosaSummary] = field(default_factory=dict)
+    delegate_tosa: dict[int, tuple[bytes, TosaSummary]] = field(default_factory=dict)  # checked graph, its I/O
     memory: int = 0
 
 
@@ -253,7 +253,7 @@ class _Method:
         if tosa is not None:
             summary = check_tosa(tosa, f"of {self.where}, {what}", self.limits.max_memory - layout.memory)
             self.tosa_io(what, summary, call.args)
-            layout.delegate_tosa[call.delegate_index] = summary
+            layout.delegate_tosa[call.delegate_index] = (tosa, summary)
         return set(call.args)
 
     def ethosu(self, what: str, payload: bytes, args: list[int]) -> None:
