@@ -1,5 +1,7 @@
 # make demo: set up .venv (pinned stack) if missing, then compile and verify the tutorial models.
 # make test: set up .venv and the ExecuTorch oracle venv, then run the whole test suite.
+# make test-any-machine: the numerical tests (marker numerics) once per setting in ANY_MACHINE,
+#   each a way another machine sums floats (thread count, ATen's ISA); fails naming the settings that failed.
 # make fuzz: the full mutation sweep, then coverage-guided fuzzing for FUZZ_SECONDS (default 600).
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +11,7 @@ STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test setup oracle bench fuzz clean
+.PHONY: demo test test-any-machine setup oracle bench fuzz clean
 
 setup: $(STAMP)
 
@@ -31,6 +33,19 @@ demo: $(STAMP)
 
 test: $(STAMP) $(ORACLE_STAMP)
 	TOSAKIT_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+ANY_MACHINE ?= OMP_NUM_THREADS=1 OMP_NUM_THREADS=2 OMP_NUM_THREADS=4 ATEN_CPU_CAPABILITY=default
+
+test-any-machine: $(STAMP) $(ORACLE_STAMP)
+	@start=$$(date +%s); failed=; \
+	for setting in $(ANY_MACHINE); do \
+		echo "== $$setting"; t=$$(date +%s); \
+		env $$setting TOSAKIT_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python \
+			$(VENV)/bin/python -m pytest -m numerics -q -p no:cacheprovider $(PYTEST_ARGS) || failed="$$failed $$setting"; \
+		echo "== $$setting: $$(($$(date +%s) - t)) s"; \
+	done; \
+	echo "test-any-machine: $(words $(ANY_MACHINE)) settings in $$(($$(date +%s) - start)) s"; \
+	if [ -n "$$failed" ]; then echo "test-any-machine FAILED under:$$failed"; exit 1; fi
 
 FUZZ_SECONDS ?= 600
 FUZZ_CASES ?= 8000

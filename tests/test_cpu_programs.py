@@ -1,6 +1,7 @@
 """Every op of the lowering table as a CPU-only program (no partitioner), float and quantized: written,
 loaded and executed by the ExecuTorch 1.5.1 runtime, its outputs matching PyTorch (float: allclose;
-quantized: the fake-quantized model within one output step) and `tosakit run`'s."""
+quantized: the fake-quantized model within one output step, layer by layer where the program rounds more
+than once: see ``ProgramCheck.cpu_only``) and `tosakit run`'s."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from torch import nn
 
 from op_cases import Fn, seed_inputs
+
+pytestmark = pytest.mark.numerics
 
 TABLES = ("test_ops", "test_ops_layers", "test_ops_elementwise", "test_ops_shape")
 

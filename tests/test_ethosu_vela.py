@@ -24,6 +24,8 @@ from tosakit.backends.ethosu.vela import VelaTensor, compile_tosa, parse_vela_fl
 from tosakit.errors import TosakitError
 from tosakit.specs import EthosUCompileSpec
 
+pytestmark = pytest.mark.numerics
+
 SHAPE = [1, 16, 16, 8]
 CONV_OUT_CHANNELS = 16
 _NUMPY_TYPES = {ts.DType.INT8: np.int8, ts.DType.INT32: np.int32}

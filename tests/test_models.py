@@ -15,11 +15,11 @@ from tosakit.capture import export
 from tosakit.flow import compile, partitioner_for, quantize_model
 from tosakit.program import to_edge_transform_and_lower
 from tosakit.program.pte import deserialize_pte
-from tosakit.runtime import check_delegates, run_edge
+from tosakit.runtime import check_delegates, evaluate_exact, run_edge
 from tosakit.specs import EthosUCompileSpec, compile_spec_for_target
 from tosakit.zoo.mobilenet_v2 import build
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +48,17 @@ def test_mv2_fp(harness, mv2):
 
 
 def test_mv2_int(harness, mv2, mv2_quantized):
-    """The integer TOSA against the fake-quantized model: bit for bit against its exact evaluation,
-    and (what a float32 run can show) within one step at the first layers."""
+    """The integer TOSA against the fake-quantized model evaluated exactly (float64, rounding only where it
+    quantizes): bit for bit, the delegate and the whole program, so any wrong layer or wiring fails. (Not
+    top-k of the float32 fake-quantized model: on random weights the classes lie so close that a one-step
+    rounding tie, decided by float summation order, can reorder them.)"""
     _, inputs = mv2
     edge, _ = _lower(mv2_quantized, inputs, "TOSA-1.0+INT")
     harness.assert_delegated(type("C", (), {"edge": edge})())
     [check] = check_delegates(edge, inputs)
     assert check.integer and check.max_abs_error == 0, check
     (out,) = run_edge(edge, *inputs)
-    with torch.no_grad():
-        fake_quant = mv2_quantized(*inputs)
-    top5 = set(torch.topk(fake_quant, 5).indices.flatten().tolist())
-    assert int(out.argmax()) in top5
+    assert torch.equal(out, evaluate_exact(mv2_quantized, *inputs)[0])
 
 
 @pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])

@@ -9,6 +9,8 @@ from torch import nn
 
 from op_cases import OpTable, build_case, flavour_params, seed_inputs
 
+pytestmark = pytest.mark.numerics
+
 
 class Add(nn.Module):
     def forward(self, x, y):

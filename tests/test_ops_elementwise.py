@@ -12,6 +12,8 @@ from torch import nn
 
 from op_cases import Fn, OpTable
 
+pytestmark = pytest.mark.numerics
+
 ALL = ("fp", "int", "u55", "u85")
 NOT_U55 = ("fp", "int", "u85")  # needs EQUAL/GREATER/SELECT/LOGICAL_*: U55 refusal tested instead
 

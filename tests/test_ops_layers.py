@@ -10,6 +10,8 @@ from torch import nn
 
 from op_cases import OpTable, build_case, flavour_params, seed_inputs
 
+pytestmark = pytest.mark.numerics
+
 
 class MatMul(nn.Module):
     def forward(self, a, b):

@@ -10,6 +10,8 @@ from torch import nn
 
 from op_cases import OpTable, seed_inputs
 
+pytestmark = pytest.mark.numerics
+
 F = nn.functional
 
 

@@ -18,6 +18,8 @@ from tosakit.lower.transpose import FORMS, transpose_case
 from tosakit.runtime import check_delegates
 from tosakit.runtime.reference import run_tosa
 
+pytestmark = pytest.mark.numerics
+
 
 class Conv1dChain(nn.Module):
     """The shape of a 1-D keyword spotter: every conv1d is a view, a CONV2D, and a view back."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -13,6 +14,8 @@ from tosakit import (DontPartition, DontPartitionModule, DontPartitionName, Etho
 from tosakit.flow import compile
 from tosakit.quantize.qdq import is_quantize
 from tosakit.runtime import check_delegates
+
+pytestmark = pytest.mark.numerics
 
 
 class Two(nn.Module):

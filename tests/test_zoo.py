@@ -4,17 +4,14 @@ and on the Ethos-U55 everything Vela's U55 support allows, each op left on the C
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tosakit.capture import export
 from tosakit.flow import partitioner_for, quantize_model
 from tosakit.program import to_edge_transform_and_lower
-from tosakit.runtime import evaluate_exact, run_edge
-from tosakit.runtime.verify import Agreement, layer_reports
 from tosakit.specs import EthosUCompileSpec, compile_spec_for_target
 from tosakit.zoo import MODELS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 ZOO = ["mv3", "resnet18", "transformer", "lstm", "unet", "audio1d"]
 _cache: dict[str, tuple] = {}
@@ -45,23 +42,19 @@ def test_zoo_fp(harness, name):
 
 
 @pytest.mark.parametrize("name", ZOO)
-def test_zoo_int(name):
-    """The INT TOSA against the fake-quantized model: every layer within one step of the fake-quantized
-    layer fed the same values; end to end (where 1-step rounding ties grow through a deep random-weight
-    network) far closer to the fake-quantized model than quantization is to float. (Not top-1: the classes
-    of a random-weight network lie so close that which one wins depends on float summation order.)"""
-    model, inputs, quantized = _model(name)
+def test_zoo_int(harness, name):
+    """The INT TOSA against the fake-quantized model, in terms no float summation order moves: every layer
+    within one step of the exact fake-quantized layer fed the same integers, the whole program bit for bit
+    the exact fake-quantized graph with each layer's integers taken from the lowering, and the partitioned
+    graph bit for bit the quantized model (``Harness.assert_integer_lowering``). Not end to end against
+    the fake-quantized model: an SNR or top-1 there depends on which one-step rounding ties the float
+    calibration's summation order decides, amplified by the random weights (mv3 on one 2-core machine:
+    23.8 to 24.8 dB against a bar of 22.2 to 22.8 dB across thread counts and ISAs, top-1 differing with
+    2 or 4 threads; 25.3 dB failed the bar on another)."""
+    _, inputs, quantized = _model(name)
     edge = _lower(name, "TOSA-1.0+INT")
     assert not _cpu_compute(edge), _cpu_compute(edge)
-    layers = layer_reports(edge, inputs, None)
-    assert len(layers) > 10 and all(layer.matches for layer in layers), [
-        (layer.node, layer.steps_off, layer.rel_error) for layer in layers if not layer.matches]
-    [got] = run_edge(edge, *inputs)
-    [fake_quant] = evaluate_exact(quantized, *inputs)
-    with torch.no_grad():
-        [reference] = [model(*inputs)]
-    lowering, quantization = Agreement.of(got, fake_quant), Agreement.of(fake_quant, reference)
-    assert lowering.snr_db >= max(20.0, quantization.snr_db + 3), (lowering, quantization)
+    assert harness.assert_integer_lowering(edge, inputs, quantized) > 10
 
 
 @pytest.mark.parametrize("name", ZOO)
