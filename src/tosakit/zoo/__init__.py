@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import math
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ..errors import TosakitError, did_you_mean
+from ..errors import TosakitError, did_you_mean, first_line
 from . import audio, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, trained, transformer, tutorial
 
 
@@ -79,11 +81,11 @@ def _load_from_file(path: Path, attr: str, input_shapes) -> tuple[str, torch.nn.
     obj = getattr(module, attr)
     inputs = None
     if inspect.isclass(obj) and issubclass(obj, torch.nn.Module):
-        model = obj()
+        model = _call_user(obj, path, attr)
     elif isinstance(obj, torch.nn.Module):
         model = obj
     elif callable(obj):
-        made = obj()
+        made = _call_user(obj, path, attr)
         model, inputs = made if isinstance(made, tuple) else (made, None)
     else:
         raise TosakitError(f"{path}:{attr} is not a torch.nn.Module, a Module class or a factory",
@@ -95,13 +97,37 @@ def _load_from_file(path: Path, attr: str, input_shapes) -> tuple[str, torch.nn.
     if callable(inputs):
         inputs = inputs()
     if input_shapes:
-        inputs = tuple(torch.randn(*s) for s in input_shapes)
+        inputs = tuple(torch.randn(*s) for s in _checked_shapes(input_shapes))
     if inputs is None:
         raise TosakitError(f"{path}:{attr} gives no example inputs",
                            "pass --input-shape 1,3,224,224 (repeat for more inputs), or define example_inputs")
     if not isinstance(inputs, tuple):
         inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
     return attr, model.eval(), inputs
+
+
+MAX_INPUT_BYTES = 1 << 30  # an example input beyond this is a typo, not a model for an embedded NPU
+
+
+def _checked_shapes(shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    for shape in shapes:
+        size = math.prod(shape) * 4
+        if size > MAX_INPUT_BYTES:
+            text = ",".join(map(str, shape))
+            raise TosakitError(f"--input-shape {text} is {size / (1 << 30):.3g} GiB of float32",
+                               "give the model's real input shape (at most 1 GiB), e.g. 1,3,224,224")
+    return shapes
+
+
+def _call_user(factory, path: Path, attr: str):
+    """``factory()`` from the user's file; an exception in it is the user's error, named with its line."""
+    try:
+        return factory()
+    except Exception as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+        where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""
+        raise TosakitError(f"building {path}:{attr} failed: {type(exc).__name__}: {first_line(exc)}{where}",
+                           f"fix {path} (check that {attr}() runs in python)") from None
 
 
 def _is_candidate(v) -> bool:
