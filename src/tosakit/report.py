@@ -35,6 +35,10 @@ def snr_plot(layers) -> str | None:
     bad = [(i, y) for (i, layer), y in zip(points, ys) if not layer.matches]
     if bad:
         ax.scatter(*zip(*bad), color="#d62728", zorder=3, label="differs from the fake-quantized model")
+    clipped = [(i, y) for (i, layer), y in zip(points, ys) if getattr(layer, "saturates", False)]
+    if clipped:
+        ax.scatter(*zip(*clipped), marker="v", s=40, color="#e07b00", zorder=4,
+                   label="saturates: clips values at its integer limits")
     ax.set_xlabel("layer (graph order)")
     ax.set_ylabel("SNR (dB)")
     ax.grid(alpha=0.3)
@@ -76,7 +80,8 @@ def cycles_plot(per_op) -> str | None:
 
 
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;margin:1em 0}"
-         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}")
+         "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}"
+         "tr.saturated td{background:#fdebd0}p.hint{background:#fdebd0;padding:6px 10px}")
 
 
 def _write_page(path: Path, title: str, parts: list[str]) -> None:
@@ -86,9 +91,12 @@ def _write_page(path: Path, title: str, parts: list[str]) -> None:
     write_atomic(path, page.encode())
 
 
-def _table(headers, rows) -> str:
+def _table(headers, rows, marked=None) -> str:
+    """``marked``: per row, a CSS class for it (or None)."""
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    marked = marked or [None] * len(rows)
+    body = "".join((f"<tr class='{m}'>" if m else "<tr>") + "".join(f"<td>{html.escape(str(c))}</td>" for c in row)
+                   + "</tr>" for row, m in zip(rows, marked))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -100,17 +108,33 @@ def _fmt(x) -> str:
     return str(x)
 
 
+def _share(x) -> str:
+    """A share of values as a percentage ("-" when there is none)."""
+    from .runtime.verify import share_text
+    return "-" if x is None else ("0" if x == 0 else share_text(x))
+
+
+def _limits(limits) -> str:
+    from .runtime.verify import limits_name
+    return "" if limits is None else limits_name(limits)
+
+
 def write_layers_csv(path: Path, layers) -> None:
-    """The per-layer table as CSV."""
+    """The per-layer table as CSV. ``saturated``: the share of an integer layer's values clipped at its
+    integer limits (``qmin``, ``qmax``); ``saturation_source``: the nearest layer or input on its way (itself
+    included) that clips notably."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["delegate", "node", "op", "shape", "integer", "steps_off_fake_quant", "rel_error", "snr_db_vs_float",
-                "cosine_vs_float", "matches"])
+                "cosine_vs_float", "matches", "saturated", "qmin", "qmax", "saturation_source"])
     for layer in layers:
         f = layer.vs_float
+        limits = getattr(layer, "limits", None)
         w.writerow([layer.delegate, layer.node, layer.target, "x".join(map(str, layer.shape)), layer.integer,
                     _fmt(layer.steps_off), _fmt(layer.rel_error), _fmt(f.snr_db if f else None),
-                    _fmt(f.cosine if f else None), layer.matches])
+                    _fmt(f.cosine if f else None), layer.matches, _fmt(getattr(layer, "saturated", None)),
+                    limits[0] if limits else "-", limits[1] if limits else "-",
+                    getattr(layer, "saturation_source", None) or "-"])
     write_atomic(path, buf.getvalue().encode())
 
 
@@ -154,21 +178,37 @@ def write_html(path: Path, title: str, edge, program=None, verification=None) ->
                     rows.append([o.index, "x".join(map(str, o.shape)), name, _fmt(a.max_abs_error), _fmt(a.snr_db),
                                  f"{a.cosine:.5f}", "-" if a.top1 is None else a.top1])
         parts.append(_table(["output", "shape", "reference", "max |error|", "SNR dB", "cosine", "top-1 agrees"], rows))
+        hint = verification.saturation_hint() if hasattr(verification, "saturation_hint") else None
+        if hint:
+            parts.append(f"<p class='hint'><b>Saturation.</b> {html.escape(hint)}</p>")
+        inputs = getattr(verification, "quantized_inputs", [])
+        if inputs:
+            parts.append("<h2>Delegate inputs quantized on the CPU</h2>" + _table(
+                ["delegate", "input", "shape", "clipped at the integer limits"],
+                [[i.delegate, i.node, "x".join(map(str, i.shape)), f"{_share(i.saturated)} ({_limits(i.limits)})"]
+                 for i in inputs], ["saturated" if i.saturates else None for i in inputs]))
         if verification.layers:
             first = verification.first_divergent_layer
             parts.append("<h2>Per layer</h2><p>" + (
                 f"First layer that differs from the fake-quantized model: <b>{html.escape(first.node)}</b> "
                 f"({html.escape(first.target)})." if first else
                 "Every layer matches the fake-quantized model; what remains is quantization error.") + "</p>")
+            parts.append("<p>SNR against float is that of the same value in the float model (the graph the quantizer "
+                         "saw, without its quantization). <i>Saturated</i>: the share of an integer layer's values its "
+                         "calibrated range clips at the integer limits; highlighted rows clip more than 1%, and a "
+                         "layer's note names the saturation on its way, which its SNR against float includes.</p>")
             png = snr_plot(verification.layers)
             if png:
                 parts.append(f'<img alt="SNR per layer" src="data:image/png;base64,{png}">')
+            note = getattr(verification, "saturation_note", lambda lay: "")
             parts.append(_table(
                 ["delegate", "node", "op", "shape", "steps off (fake-quant)", "rel. error", "SNR dB vs float",
-                 "matches"],
+                 "matches", "saturated", "note"],
                 [[lay.delegate, lay.node, lay.target, "x".join(map(str, lay.shape)), _fmt(lay.steps_off),
-                  _fmt(lay.rel_error), _fmt(lay.vs_float.snr_db if lay.vs_float else None), lay.matches]
-                 for lay in verification.layers]))
+                  _fmt(lay.rel_error), _fmt(lay.vs_float.snr_db if lay.vs_float else None), lay.matches,
+                  _share(getattr(lay, "saturated", None)), note(lay)]
+                 for lay in verification.layers],
+                ["saturated" if getattr(lay, "saturates", False) else None for lay in verification.layers]))
     _write_page(path, title, parts)
 
 

@@ -44,26 +44,28 @@ class QParams:
         """The per-tensor zero point as an int."""
         return int(self.zero_point)
 
+    def broadcast(self, dim: int, dtype: torch.dtype = torch.float32) -> tuple:
+        """(scale, zero point) shaped to broadcast over a ``dim``-dimensional tensor."""
+        if not self.per_channel:
+            return self.s, self.zp
+        shape = [1] * dim
+        shape[self.axis] = -1
+        return (torch.as_tensor(self.scale).to(dtype).reshape(shape),
+                torch.as_tensor(self.zero_point).reshape(shape))
+
+    def steps(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """round(x / scale) + zero point, before clamping, with the scale in ``dtype``."""
+        scale, zp = self.broadcast(x.dim(), dtype)
+        return torch.round(x / scale) + zp
+
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         """Float to integer exactly as the quantized_decomposed kernels do."""
-        if self.per_channel:
-            shape = [1] * x.dim()
-            shape[self.axis] = -1
-            scale = torch.as_tensor(self.scale, dtype=torch.float32).reshape(shape)
-            zp = torch.as_tensor(self.zero_point).reshape(shape)
-        else:
-            scale, zp = self.s, self.zp
-        return torch.clamp(torch.round(x / scale) + zp, self.qmin, self.qmax).to(self.dtype)
+        return torch.clamp(self.steps(x), self.qmin, self.qmax).to(self.dtype)
 
     def dequantize(self, q: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Integer to float (float64 for exact evaluation)."""
-        if self.per_channel:
-            shape = [1] * q.dim()
-            shape[self.axis] = -1
-            scale = torch.as_tensor(self.scale).to(dtype).reshape(shape)
-            zp = torch.as_tensor(self.zero_point).reshape(shape)
-            return (q.to(dtype) - zp) * scale
-        return (q.to(dtype) - self.zp) * self.s
+        scale, zp = self.broadcast(q.dim(), dtype)
+        return (q.to(dtype) - zp) * scale
 
 
 def is_quantize(node) -> bool:
