@@ -58,9 +58,11 @@ def test_add_vgf_and_add3(tmp_path, monkeypatch, capsys, et_oracle):
 
 
 def test_models_lists_the_zoo(capsys):
+    from tosakit.zoo import MODELS
+
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in ("add", "add3", "softmax", "mv2"))
+    assert len(MODELS) >= 12 and all(name in out for name in MODELS)
 
 
 USER_MODEL = """
@@ -80,6 +82,13 @@ class Branchy(torch.nn.Module):
         if x.sum() > 0:
             return x * 2
         return x - 1
+"""
+
+BROKEN = """
+import torch
+class Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); self.k = 1 / 0
 """
 
 NO_KERNEL = """
@@ -118,11 +127,37 @@ def test_user_model_file_with_input_shape(tmp_path, monkeypatch, capsys, et_orac
     (["-m", "tiny.py:Missing", "--input-shape", "1,8"], ["Missing", "Tiny"]),
     (["-m", "tiny.py:Tiny"], ["no example inputs", "--input-shape"]),
     (["-m", "absent.py:Model"], ["absent.py", "not found"]),
+    (["-m", "broken.py:Broken"], ["building broken.py:Broken failed", "ZeroDivisionError", "line 5", "fix:"]),
+    (["-m", "tiny.py:Tiny", "--input-shape", "100000,100000,100"], ["--input-shape 100000,100000,100", "GiB"]),
+    (["-m", "add", "-o", "adir"], ["-o adir is a folder", "adir/model.pte"]),
+    (["-m", "add", "-i", "afile.txt"], ["-i afile.txt is a file"]),
+    (["-m", "tiny.py:Tiny", "--input-shape", "1,8", "--verify", "--inputs", "wrong.npz"],
+     ["--inputs wrong.npz: input 0 is float32[1x3]", "float32[1x8]"]),
+    (["-m", "tiny.py:Tiny", "--input-shape", "1,8", "--quantize", "--calibration", "wrong.npz"],
+     ["calibration file wrong.npz", "input 0 is 1x3", "1x8"]),
+    (["-m", "tiny.py:Tiny", "--input-shape", "1,8", "--quantize", "--calibration", "nothing_here"],
+     ["calibration data nothing_here not found"]),
+    (["-m", "tiny.py:Tiny", "--input-shape", "1,8", "--calibration", "calib.npz"], ["--calibration is for --quantize"]),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, monkeypatch, capsys, args, words):
+    """Each is refused before any export or lowering (a later failure would mean minutes lost, or a file
+    half made): ``export`` raises if reached."""
+    import tosakit.capture
+    import tosakit.flow  # noqa: F401  (binds the real export before it is patched)
+
     (tmp_path / "branchy.py").write_text(DATA_DEPENDENT)
     (tmp_path / "special.py").write_text(NO_KERNEL)
     (tmp_path / "tiny.py").write_text(USER_MODEL)
+    (tmp_path / "broken.py").write_text(BROKEN)
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile.txt").write_text("not a folder")
+    np.savez(tmp_path / "wrong.npz", arg0=np.zeros((1, 3), np.float32))
+    np.savez(tmp_path / "calib.npz", arg0=np.zeros((4, 8), np.float32))
+    if "-i" in args or "-o" in args or "--inputs" in args or "--calibration" in args or "broken.py:Broken" in args \
+            or "100000,100000,100" in args:
+        def no_export(*a, **k):
+            raise AssertionError("the flow started before the options were checked")
+        monkeypatch.setattr(tosakit.capture, "export", no_export)
     before = set(tmp_path.rglob("*"))
     code, out, err = _compile(tmp_path, monkeypatch, capsys, *args)
     assert code == 2

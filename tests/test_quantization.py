@@ -19,6 +19,8 @@ from tosakit.quantize.quantizer import calibrate
 from tosakit.runtime import LoadedProgram, run_edge
 from tosakit.zoo.trained import digits, digits_data
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture(scope="module")
 def digits_model():
@@ -38,15 +40,22 @@ def test_digits_accuracy_int8_and_a16w8(digits_model):
 
 @pytest.mark.slow
 def test_mv2_per_channel_beats_per_tensor_by_3db():
-    """On MobileNetV2 with a fixed calibration set, per-channel weights give at least 3 dB more output SNR."""
+    """On MobileNetV2 with a fixed calibration set, per-channel weights give at least 3 dB more output SNR
+    than per-tensor ones (13.1 against 8.7 dB). Measured with weight quantization alone (activations in
+    float64), the one thing the two schemes differ in: with activations quantized too, the figures moved by
+    tenths of a dB with float summation order (11.30 against 8.45 dB with 2 or 4 threads, above the bar
+    with 1) as rounding ties flip and the random-weight network amplifies them. A per-channel scheme that
+    quantized weights per tensor, or along the wrong axis, fails."""
     from tosakit.zoo.mobilenet_v2 import build
 
     model, _ = build()
     g = torch.Generator().manual_seed(1)
     calibration = [(torch.randn(1, 3, 224, 224, generator=g),) for _ in range(8)]
     evaluation = [(torch.randn(1, 3, 224, 224, generator=g),) for _ in range(4)]
-    snr = output_snr(model, calibration, evaluation, "ethos-u55-128", ["int8", "int8-per-tensor"])
-    print(f"mv2 output SNR: per-channel {snr['int8']:.2f} dB, per-tensor {snr['int8-per-tensor']:.2f} dB")
+    snr = output_snr(model, calibration, evaluation, "ethos-u55-128", ["int8", "int8-per-tensor"],
+                     weights_only=True)
+    print(f"mv2 output SNR, weights quantized: per-channel {snr['int8']:.2f} dB, "
+          f"per-tensor {snr['int8-per-tensor']:.2f} dB")
     assert snr["int8"] >= snr["int8-per-tensor"] + 3.0
 
 
@@ -161,7 +170,7 @@ def test_a16w8_lowers_with_int16_on_both_npus():
     for target in ("ethos-u55-128", "ethos-u85-256"):
         compiled = compile(model, inputs, target, quantize=True, config=get_symmetric_a16w8_quantization_config())
         [delegate] = compiled.edge.delegates
-        assert delegate.report.cpu_ops == 0 and delegate.tosa_ops["CONV2D"] == 4
+        assert delegate.report.cpu_ops == 0 and delegate.tosa_ops["CONV2D"] == 3  # two convolutions, the linear
         prog, _ = deserialize_pte(compiled.program.buffer)
         blob = prog.backend_delegate_data[prog.execution_plan[0].delegates[0].processed.index].data
         assert parse_payload(blob).inputs[0].elem_size == 2  # int16 activations enter the NPU

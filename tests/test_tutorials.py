@@ -5,10 +5,13 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
+import pytest
 import torch
 
 import tosakit
 from tosakit.runtime import check_delegates, run_edge
+
+pytestmark = pytest.mark.numerics
 
 HERE = Path(__file__).parent / "tutorials"
 

@@ -25,7 +25,7 @@ _EXPORTS = {
     ".lower": ["TOSAPartitioner"],
     ".partition": ["DontPartition", "DontPartitionModule", "DontPartitionName"],
     ".program": ["EdgeCompileConfig", "EdgeProgramManager", "ExecutorchBackendConfig", "ExecutorchProgramManager",
-                 "to_edge", "to_edge_transform_and_lower", "save_pte_program"],
+                 "to_backend", "to_edge", "to_edge_transform_and_lower", "save_pte_program"],
     ".quantize": ["EthosUQuantizer", "QuantizationConfig", "TOSAQuantizer", "VgfQuantizer",
                   "get_symmetric_a16w8_quantization_config", "get_symmetric_quantization_config"],
     ".specs": ["ArmCompileSpecBuilder", "EthosUCompileSpec", "TosaCompileSpec", "TosaSpecification",
@@ -78,6 +78,7 @@ __all__ = [
     "get_symmetric_a16w8_quantization_config",
     "get_symmetric_quantization_config",
     "save_pte_program",
+    "to_backend",
     "to_edge",
     "to_edge_transform_and_lower",
 ]

@@ -15,6 +15,7 @@ from .errors import TosakitError, first_line
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
+EXIT_INTERRUPTED = 130
 
 
 class Progress:
@@ -52,6 +53,7 @@ class CompileOptions:
     verify: bool = False
     inputs_file: str | None = None
     random_inputs: bool = False
+    calibration: str | None = None
     quiet: bool = False
 
 
@@ -66,6 +68,8 @@ class CompileRun:
     model: object
     quantized: object | None
     verification: object | None = None
+    calibrated_on: str | None = None  # what --quantize calibrated on, in words
+    verified_on: str | None = None  # what --verify ran on, in words
 
 
 def default_output_name(model: str, target: str, delegate: bool) -> str:
@@ -84,7 +88,8 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def compile_model(opts: CompileOptions) -> CompileRun:
-    """Run the whole flow for ``opts`` (and ``--verify``); writes the .pte and, with -i, the reports."""
+    """Run the whole flow for ``opts`` (and ``--verify``); writes the .pte and, with -i, the reports. Every
+    option is checked before the work starts, and nothing is written when the flow fails."""
     from .capture import export
     from .flow import partitioner_for, quantize_model
     from .program import to_edge_transform_and_lower
@@ -96,57 +101,117 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     vela_flags = " ".join(filter(None, [opts.extra_flags, opts.optimise and f"--optimise={opts.optimise}", arena]))
     spec = compile_spec_for_target(opts.target, opts.system_config, opts.memory_mode, vela_flags or None,
                                    opts.config_ini)
+    if opts.int8_io and not (opts.quantize and opts.delegate):
+        raise TosakitError("--int8-io needs --quantize and --delegate", "add both, or drop --int8-io")
+    if opts.calibration and not opts.quantize:
+        raise TosakitError("--calibration is for --quantize", "add --quantize, or drop --calibration")
+    folder = Path(opts.intermediates) if opts.intermediates else None
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise TosakitError(f"-i {folder} is a file, not a folder", "name a folder for the reports (it is created)")
     name, model, inputs = load_model(opts.model_name, opts.input_shapes or None)
     if opts.channels_last:  # 4-D inputs stored NHWC: the delegate takes them with no layout TRANSPOSE
         import torch
 
         inputs = tuple(t.to(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
     output = Path(opts.output or default_output_name(name, opts.target, opts.delegate))
-    if output.suffix != ".pte":
-        raise TosakitError(f"output {output} does not end in .pte", "name the output file like model.pte")
-    if not (output.parent if str(output.parent) else Path(".")).is_dir():
-        raise TosakitError(f"output folder {output.parent} does not exist", "create it or choose another -o path")
-    check_inputs = _verify_inputs(opts, inputs)
-    if opts.intermediates:
-        spec.dump_intermediate_artifacts_to(opts.intermediates)
-        Path(opts.intermediates).mkdir(parents=True, exist_ok=True)
+    check_output(output, folder)
+    calibration, calibrated_on = _calibration(opts, name, inputs)
+    check_inputs, verified_on = _verify_inputs(opts, inputs, given=calibration is not None)
+    if folder is not None:
+        spec.dump_intermediate_artifacts_to(str(folder))
     spec.embed_tosa = opts.debug_info
     if opts.int8_io:
-        if not (opts.quantize and opts.delegate):
-            raise TosakitError("--int8-io needs --quantize and --delegate", "add both, or drop --int8-io")
         spec.with_int8_io()
     progress.step(f"exporting {name} ({type(model).__name__}) with torch.export")
     quantized = None
     if opts.quantize:
-        progress.step("quantizing: int8 activations, int8 per-channel weights, calibrated on the example inputs")
-        quantized = quantize_model(model, inputs, spec)
+        progress.step(f"quantizing: int8 activations, int8 per-channel weights, calibrated on {calibrated_on}")
+        quantized = quantize_model(model, inputs, spec, calibration=calibration)
     ep = export(quantized if quantized is not None else model, inputs)
     partitioners = [partitioner_for(spec)] if opts.delegate else []
     progress.step("partitioning and lowering" + (f" for {opts.target}" if opts.delegate else " (no delegate)"))
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
-    progress.step("writing the program")
     program = edge.to_executorch()
-    program.save(output)
-    run = CompileRun(output, edge, program, inputs, model, quantized)
+    if quantized is not None and not any("quantize_per" in str(n.target) for n in quantized.graph.nodes):
+        kinds = ", ".join(sorted({str(t.dtype).replace("torch.", "") for t in inputs}))
+        calibrated_on = f"nothing: the model has no float op to quantize (its inputs are {kinds}); it runs as it is"
+    run = CompileRun(output, edge, program, inputs, model, quantized,
+                     calibrated_on=calibrated_on if opts.quantize else None)
     if opts.verify:
         from .runtime.verify import verify
 
-        progress.step("verifying on the host against float PyTorch and the fake-quantized model")
-        run.verification = verify(edge, program, check_inputs, model, quantized, layers=bool(opts.intermediates))
-    if opts.intermediates:
-        _write_intermediates(Path(opts.intermediates), run, opts)
+        progress.step(f"verifying on the host against float PyTorch and the fake-quantized model, on {verified_on}")
+        run.verification = verify(edge, program, check_inputs, model, quantized, layers=folder is not None)
+        run.verified_on = verified_on
+    progress.step("writing the program")
+    program.save(output)
+    if folder is not None:
+        _write_intermediates(folder, run, opts)
     return run
 
 
-def _verify_inputs(opts: CompileOptions, example: tuple) -> tuple:
-    """What --verify runs on: --inputs FILE, --random, or the calibration (example) inputs."""
+def check_output(output: Path, folder: Path | None = None) -> None:
+    """Refuse, before any work, an output the compile could not write (and make the reports folder)."""
+    if output.is_dir():
+        raise TosakitError(f"-o {output} is a folder", f"name the .pte file, e.g. -o {output / 'model.pte'}")
+    if output.suffix != ".pte":
+        raise TosakitError(f"output {output} does not end in .pte", "name the output file like model.pte")
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.is_dir():
+        raise TosakitError(f"output folder {parent} does not exist", "create it or choose another -o path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TosakitError(f"cannot write {output}: folder {parent} is read-only", "choose another -o path")
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TosakitError(f"cannot create the reports folder -i {folder}: {exc.strerror}",
+                               "choose another -i folder") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise TosakitError(f"cannot write reports to -i {folder}: it is read-only", "choose another -i folder")
+
+
+def _calibration(opts: CompileOptions, name: str, example: tuple) -> tuple[list[tuple] | None, str]:
+    """What --quantize calibrates on: ``--calibration PATH``, a trained built-in model's training data, or
+    (None) the example inputs; and that, in words."""
+    from .zoo import MODELS
+
+    if opts.calibration:
+        from .quantize.data import read_calibration
+
+        samples = read_calibration(opts.calibration, example)
+        return samples, f"{len(samples)} sample(s) from {opts.calibration}"
+    zoo = MODELS.get(opts.model_name)
+    if opts.quantize and zoo is not None and zoo.data is not None:
+        samples = zoo.data().calibration(64)
+        return samples, f"{len(samples)} training samples of {name}"
+    return None, "the example input (one sample: pass --calibration PATH with representative data)"
+
+
+def _verify_inputs(opts: CompileOptions, example: tuple, given: bool) -> tuple[tuple, str]:
+    """What --verify runs on, and that in words: --inputs FILE, --random, or by default the example inputs
+    when they were not what the program was calibrated on, else seeded random inputs (a quantized program
+    verified on its own calibration sample would look better than it is)."""
     from .runtime.io import random_inputs, read_inputs
 
+    random = opts.random_inputs or (opts.quantize and not given and not opts.inputs_file)
     if opts.inputs_file:
-        return tuple(read_inputs(opts.inputs_file, len(example)))
-    if opts.random_inputs:
-        return tuple(random_inputs([(t.dtype, tuple(t.shape)) for t in example], seed=0))
-    return example
+        chosen = tuple(read_inputs(opts.inputs_file, len(example)))
+        for i, (got, want) in enumerate(zip(chosen, example)):
+            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+                kind = lambda t: f"{str(t.dtype).replace('torch.', '')}[{'x'.join(map(str, t.shape))}]"  # noqa: E731
+                raise TosakitError(f"--inputs {opts.inputs_file}: input {i} is {kind(got)}, the model takes {kind(want)}",
+                                   f"save arg{i} as {kind(want)}")
+        return chosen, f"the inputs in {opts.inputs_file}"
+    if random:
+        chosen = tuple(random_inputs([(t.dtype, tuple(t.shape)) for t in example], seed=0))
+        if opts.channels_last:
+            import torch
+
+            chosen = tuple(t.to(memory_format=torch.channels_last) if t.dim() == 4 else t for t in chosen)
+        why = "" if opts.random_inputs else ", not the calibration sample"
+        return chosen, f"seeded random inputs (seed 0{why})"
+    return example, "the example input" + (" (not used for calibration)" if given else "")
 
 
 def _write_intermediates(folder: Path, run: CompileRun, opts: CompileOptions) -> None:
@@ -251,12 +316,15 @@ def _cmd_compile(args) -> int:
         intermediates=args.intermediates, output=args.output,
         input_shapes=args.input_shape or [], debug_info=args.debug_info, int8_io=args.int8_io,
         channels_last=args.channels_last, verify=args.verify,
-        inputs_file=args.inputs, random_inputs=args.random, quiet=args.quiet,
+        inputs_file=args.inputs, random_inputs=args.random, calibration=args.calibration, quiet=args.quiet,
     )
     start = time.perf_counter()
     run = compile_model(opts)
     print(summary(run.output, run.edge, run.program, time.perf_counter() - start))
+    if run.calibrated_on:
+        print(f"calibrated on {run.calibrated_on}")
     if run.verification is not None:
+        print(f"verified on {run.verified_on}")
         print(run.verification.table())
     if opts.intermediates:
         print(f"reports: {Path(opts.intermediates) / 'report.html'}, report.json"
@@ -357,12 +425,19 @@ def _cmd_accuracy(args) -> int:
         trained = [m.name for m in MODELS.values() if m.data is not None]
         raise TosakitError(f"no held-out data for model {args.model_name!r}",
                            f"accuracy needs a trained model with its data: {', '.join(trained)}")
-    module, _ = model.factory()
+    module, example = model.factory()
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
-    rows = measure(module, model.data(), args.target, schemes, args.calibration, args.limit,
+    if args.calibration.isdigit() and int(args.calibration) > 0:
+        calibration, described = int(args.calibration), f"{int(args.calibration)} training samples"
+    else:
+        from .quantize.data import read_calibration
+
+        calibration = read_calibration(args.calibration, example)
+        described = f"{len(calibration)} sample(s) from {args.calibration}"
+    rows = measure(module, model.data(), args.target, schemes, calibration, args.limit,
                    layers=bool(args.intermediates))
     print(f"{args.model_name} on {args.target}, {len(model.data().test_x[:args.limit])} held-out samples, "
-          f"calibrated on {args.calibration}:")
+          f"calibrated on {described}:")
     print(table(rows))
     if args.intermediates:
         from .report import write_accuracy_html
@@ -383,39 +458,11 @@ def _cmd_models(args) -> int:
     return 0
 
 
-DEMO = (
-    ("softmax", "ethos-u55-128", False, False),
-    ("add", "ethos-u55-128", True, False),
-    ("mv2", "ethos-u55-128", True, True),
-    ("mv2", "ethos-u85-256", True, True),
-    ("add", "vgf", True, False),
-    ("mv2", "vgf", True, True),
-)
-
-
 def _cmd_demo(args) -> int:
-    """Compile the tutorial's programs, and verify each on the host against PyTorch."""
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    for model, target, delegate, quantize in DEMO:
-        name = default_output_name(model, target, delegate)
-        print(f"\n== {name}", flush=True)
-        folder = out / name.removesuffix(".pte")
-        opts = CompileOptions(model, target, delegate, quantize, output=str(out / name), intermediates=str(folder),
-                              verify=True, quiet=True)
-        start = time.perf_counter()
-        run = compile_model(opts)
-        print(summary(run.output, run.edge, run.program, time.perf_counter() - start))
-        print(run.verification.table())
-        bad = run.verification.first_divergent_layer
-        ref = [o.vs_fake_quant or o.vs_float for o in run.verification.outputs]
-        exact = all(a is not None and (a.max_abs_error <= 1e-4 * max(1.0, a.max_abs_error) or a.snr_db > 60)
-                    for a in ref)
-        failed += bool(bad) or not exact
-        print(f"report: {folder / 'report.html'}")
-    print(f"\n{'every program matches PyTorch' if not failed else f'{failed} program(s) differ from PyTorch'}")
-    return 0 if not failed else EXIT_INTERNAL_ERROR
+    """Compile the tutorial's programs and a trained model, and judge each on the host against PyTorch."""
+    from .demo import run
+
+    return run(Path(args.output_dir))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -428,7 +475,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zoo name (see `tosakit models`) or path/file.py:ClassOrFactory")
     c.add_argument("-t", "--target", default="ethos-u55-128", help=f"one of: {', '.join(ALL_TARGETS)}")
     c.add_argument("--delegate", action="store_true", help="delegate what the target runs (else: CPU only)")
-    c.add_argument("--quantize", action="store_true", help="int8 post-training quantization (example inputs)")
+    c.add_argument("--quantize", action="store_true",
+                   help="int8 post-training quantization, calibrated on --calibration data (else the example input; "
+                        "a trained built-in model: its training data)")
+    c.add_argument("--calibration", metavar="PATH",
+                   help="calibration samples for --quantize: an .npz (arg0, ... shaped [N, ...] for N samples), .npy, "
+                        ".pt, or a folder of such files")
     c.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
     c.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
     c.add_argument("--config_ini", "--config-ini", help="Vela .ini file (default Arm/vela.ini)")
@@ -453,7 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--verify", action="store_true",
                    help="run the program on the host against float PyTorch and the fake-quantized model "
                         "(per layer too, with -i)")
-    c.add_argument("--inputs", help="inputs for --verify: an .npz with arrays arg0, arg1, ...")
+    c.add_argument("--inputs", help="inputs for --verify: an .npz with arrays arg0, arg1, ... (default: the example "
+                                    "input, or seeded random inputs when it was the calibration sample)")
     c.add_argument("--random", action="store_true", help="seeded random inputs for --verify")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=_cmd_compile)
@@ -474,28 +527,38 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("-t", "--target", default="ethos-u55-128")
     a.add_argument("--schemes", default="int8,int8-per-tensor,a16w8",
                    help="comma-separated: int8, int8-per-tensor, int8-histogram, int8-percentile, a16w8")
-    a.add_argument("--calibration", type=int, default=64, help="training samples to calibrate on")
+    a.add_argument("--calibration", default="64", metavar="N|PATH",
+                   help="how many training samples to calibrate on (default 64), or calibration data as for compile")
     a.add_argument("--limit", type=int, help="evaluate on at most this many held-out samples")
     a.add_argument("-i", "--intermediates", metavar="DIR", help="write report.html (with per-layer SNR) here")
     a.set_defaults(func=_cmd_accuracy)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(func=_cmd_models)
-    d = sub.add_parser("demo", help="compile the tutorial models and verify them on the host")
+    d = sub.add_parser("demo", help="compile the tutorial's programs and a trained model; verify them on the host")
     d.add_argument("-o", "--output-dir", default="out/demo")
     d.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command line: exit 0, 2 with an ``error:`` line for what the user can fix, 130 on Ctrl-C, 1 (with a
+    one-line report) for a tosakit bug."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except TosakitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        _quiet_exit("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`tosakit models | head -1`): nothing left to say
+        _quiet_exit()
+        return 0
+    except MemoryError:
+        print("error: out of memory\n  fix: a smaller model or --input-shape, or a machine with more memory",
+              file=sys.stderr)
+        return EXIT_USER_ERROR
     except Exception:  # a bug in tosakit, not in the user's input
         if os.environ.get("TOSAKIT_DEBUG"):
             traceback.print_exc()
@@ -507,5 +570,38 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL_ERROR
 
 
+def _quiet_exit(message: str | None = None) -> None:
+    """Say ``message`` (if stderr is still there), and keep Python from complaining at exit about a stdout
+    whose reader has gone."""
+    if message:
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except OSError:
+            pass
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def entry() -> None:
+    """The ``tosakit`` command. After Ctrl-C the process ends at once with 130: interpreter shutdown could
+    otherwise meet the interrupt again in half-imported native modules and die by the signal."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between the interpreter's start and main()'s handler
+        _quiet_exit("interrupted")
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -8,7 +8,7 @@ The entry points keep ExecuTorch's names: ``to_edge_transform_and_lower``,
 from ..lazy import lazy_exports
 
 _MANAGER = ["EdgeCompileConfig", "ExecutorchBackendConfig", "LoweredBackendModule", "EdgeProgramManager",
-            "ExecutorchProgramManager", "to_edge", "to_edge_transform_and_lower", "save_pte_program"]
+            "ExecutorchProgramManager", "to_backend", "to_edge", "to_edge_transform_and_lower", "save_pte_program"]
 __all__ = [*_MANAGER, "serialize_pte", "deserialize_pte", "tosa_key"]
 __getattr__, __dir__ = lazy_exports(__name__, {**{n: ".manager" for n in _MANAGER}, "serialize_pte": ".pte",
                                                "deserialize_pte": ".pte", "tosa_key": ".pte"})

@@ -117,6 +117,13 @@ class EdgeProgramManager:
         """With integer I/O: the quantization of each input and output (None where it stayed float)."""
         return self.program.graph_module.meta.get("io_quantization")
 
+    def __setattr__(self, name, value):
+        # the seed's ``edge.exported_program = to_backend(edge.exported_program, partitioner)`` replaces the
+        # program; the method stays a method
+        if name == "exported_program" and isinstance(value, CapturedProgram):
+            name = "program"
+        super().__setattr__(name, value)
+
     def to_backend(self, partitioner) -> "EdgeProgramManager":
         """Partition and lower with one more partitioner."""
         for p in partitioner if isinstance(partitioner, (list, tuple)) else [partitioner]:
@@ -182,6 +189,26 @@ def to_edge(program: ExportedProgram, compile_config: EdgeCompileConfig | None =
     edge = EdgeProgramManager(captured, _cpu_placements(captured.graph_module))
     decompose_for_runtime(captured.graph_module, edge.placements)
     return edge
+
+
+def to_backend(program, partitioner) -> CapturedProgram:
+    """ExecuTorch's ``backend_api.to_backend(program, partitioner)``: lower what ``partitioner`` takes from
+    ``program`` (an ``EdgeProgramManager``, its ``exported_program``, or an ``ExportedProgram``) and return
+    the lowered program. A manager given (or owning the program given) is lowered in place, so the seed's
+    ``edge.exported_program = to_backend(edge.exported_program, ArmPartitioner(spec))`` works as written."""
+    owner = getattr(program, "__self__", None)  # the bound method ``edge.exported_program``
+    edge = program if isinstance(program, EdgeProgramManager) else owner if isinstance(owner, EdgeProgramManager) \
+        else None
+    if edge is None:
+        if isinstance(program, CapturedProgram):
+            edge = EdgeProgramManager(program, _cpu_placements(program.graph_module))
+        elif isinstance(program, ExportedProgram):
+            edge = to_edge(program)
+        else:
+            raise TosakitError(f"to_backend takes an EdgeProgramManager or an ExportedProgram, not "
+                               f"{type(program).__name__}",
+                               "pass to_edge(torch.export.export(model, inputs)) or its exported_program")
+    return edge.to_backend(partitioner).program
 
 
 def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, transform_passes=None,
