@@ -408,10 +408,12 @@ def _add_limits(p) -> None:
 
 def _cmd_inspect(args) -> int:
     from .runtime import load
-    from .runtime.inspect import describe
+    from .runtime.inspect import command_listing, describe
 
     program = load(args.pte, limits=_limits(args))
     print(describe(program, Path(args.pte).stat().st_size))
+    if args.commands:
+        print(command_listing(program))
     return 0
 
 
@@ -520,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
     i = sub.add_parser("inspect", help="describe a .pte: methods, I/O, kernels, delegates, memory")
     i.add_argument("pte")
+    i.add_argument("--commands", action="store_true",
+                   help="also list each Ethos-U delegate's register command stream, one line per command")
     _add_limits(i)
     i.set_defaults(func=_cmd_inspect)
     a = sub.add_parser("accuracy", help="quantization accuracy of a trained model: float vs fake-quant vs program")

@@ -7,6 +7,7 @@ import ctypes
 import io
 import os
 import sys
+import tempfile
 import threading
 from typing import Iterator
 
@@ -20,18 +21,17 @@ def _flush_c_stdio() -> None:
 
 @contextlib.contextmanager
 def captured_output(fds: tuple[int, ...] = (1,)) -> Iterator[list[str]]:
-    """Collect everything written to the given file descriptors; the text lands in the list on exit."""
+    """Collect everything written to the given file descriptors; the text lands in the list on exit.
+
+    The descriptors point at a temporary file, not a pipe: native code that prints while holding the GIL
+    (regor's verbose listings run to megabytes) would block on a full pipe its reader thread cannot drain."""
     with _LOCK:
         sys.stdout.flush()
         sys.stderr.flush()
-        read_end, write_end = os.pipe()
-        chunks: list[bytes] = []
-        reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read_end, 65536), b"")))
-        reader.start()
+        sink = tempfile.TemporaryFile()
         saved = [os.dup(fd) for fd in fds]
         for fd in fds:
-            os.dup2(write_end, fd)
-        os.close(write_end)
+            os.dup2(sink.fileno(), fd)
         text: list[str] = []
         python_out = io.StringIO()
         try:
@@ -40,8 +40,8 @@ def captured_output(fds: tuple[int, ...] = (1,)) -> Iterator[list[str]]:
         finally:
             _flush_c_stdio()
             for fd, old in zip(fds, saved):
-                os.dup2(old, fd)  # the last write end closes: the reader sees EOF
+                os.dup2(old, fd)
                 os.close(old)
-            reader.join()
-            os.close(read_end)
-            text.append(python_out.getvalue() + b"".join(chunks).decode("utf-8", errors="replace"))
+            sink.seek(0)
+            text.append(python_out.getvalue() + sink.read().decode("utf-8", errors="replace"))
+            sink.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..backends.ethosu.payload import parse_payload
 from ..program.schema import DelegateCall, KernelCall
+from .ethosu.commands import decode, disassemble
 from .program import LoadedProgram
 
 
@@ -55,3 +56,21 @@ def _ethosu_lines(payload: bytes) -> list[str]:
     return [f"    Ethos-U payload blocks: {blocks}",
             f"    scratch: {_kib(p.scratch_size)}; command stream {_kib(len(p.cmd_data))}; weights {_kib(len(p.weight_data))}",
             *(f"    {line}" for line in io)]
+
+
+def command_listing(loaded: LoadedProgram) -> str:
+    """Each Ethos-U delegate's register command stream: a header line, then one line per command, as
+    Vela's ``--verbose-register-command-stream`` prints it."""
+    lines = []
+    for plan in loaded.program.execution_plan:
+        for k, d in enumerate(plan.delegates):
+            if d.id != "EthosUBackend":
+                continue
+            stream = decode(parse_payload(loaded.delegate_payload(d)).cmd_data)
+            c = stream.accelerator_config
+            words = sum(2 if cmd.data is not None else 1 for cmd in stream.commands)
+            lines.append(f"method {plan.name}, delegate {k} (EthosUBackend): {c.accelerator} command stream, "
+                         f"{len(stream.commands)} commands in {words} words (SHRAM {c.shram_kib} KiB, "
+                         f"architecture {'.'.join(map(str, c.arch_version))})")
+            lines += disassemble(stream)
+    return "\n".join(lines) if lines else "no Ethos-U delegate: no command stream to list"

@@ -1,0 +1,92 @@
+"""The NPU's view of memory: regions mapped the way ExecuTorch's Ethos-U delegate maps them on a device, with
+every access checked against its region and every read of a byte nothing wrote refused.
+
+Region indices are the base-pointer slots the firmware fills: 0 the constant data (``weight_data``, read
+only: flash on a device), 1 the scratch arena (the delegate's inputs and outputs live inside it), 2 the fast
+scratch (the SRAM cache of the Dedicated_Sram memory mode)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import TosakitError
+
+REGION_NAMES = {0: "weights", 1: "scratch", 2: "fast scratch"}
+
+
+class NpuAccessError(TosakitError):
+    """A command reads or writes outside a region, or reads bytes nothing wrote."""
+
+
+@dataclass
+class Region:
+    """One base-pointer region: its bytes and which of them hold a written value."""
+
+    index: int
+    data: np.ndarray  # uint8
+    written: np.ndarray  # bool, one per byte
+    writable: bool = True
+
+    @classmethod
+    def of(cls, index: int, size: int, content: bytes | None = None, writable: bool = True) -> "Region":
+        data = np.zeros(size, np.uint8)
+        written = np.zeros(size, bool)
+        if content is not None:
+            data[: len(content)] = np.frombuffer(content, np.uint8)
+            written[: len(content)] = True
+        return cls(index, data, written, writable)
+
+    @property
+    def name(self) -> str:
+        return f"region {self.index} ({REGION_NAMES.get(self.index, 'unmapped')})"
+
+
+class Memory:
+    """The regions a command stream addresses; ``where`` names the command for error messages."""
+
+    def __init__(self, regions: list[Region]):
+        self.regions = {r.index: r for r in regions}
+        self.where = "before the first command"
+
+    def region(self, index: int) -> Region:
+        if index not in self.regions:
+            raise NpuAccessError(f"{self.where} addresses region {index}, which the delegate does not map",
+                                 f"mapped regions: {', '.join(r.name for r in self.regions.values())}")
+        return self.regions[index]
+
+    def _check(self, region: Region, addresses: np.ndarray, nbytes: int, verb: str) -> None:
+        if addresses.size and (int(addresses.min()) < 0 or int(addresses.max()) + nbytes > region.data.size):
+            lo, hi = int(addresses.min()), int(addresses.max()) + nbytes
+            raise NpuAccessError(
+                f"{self.where} {verb} bytes [{lo:#x}, {hi:#x}) of {region.name}, which holds {region.data.size:#x} bytes",
+                "the payload's command stream and its region sizes disagree: recompile the program")
+
+    def read(self, index: int, addresses: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """The ``dtype`` values at byte ``addresses`` (any shape) of region ``index``."""
+        region, dtype = self.region(index), np.dtype(dtype)
+        self._check(region, addresses, dtype.itemsize, "reads")
+        spans = addresses[..., None] + np.arange(dtype.itemsize)
+        if not region.written[spans].all():
+            first = int(spans[~region.written[spans]].min())
+            raise NpuAccessError(
+                f"{self.where} reads byte {first:#x} of {region.name}, which no earlier command or input wrote",
+                "the scratch layout is wrong (an area read before it is written): report the program to tosakit")
+        return region.data[spans].view(dtype).reshape(addresses.shape).astype(np.int64)
+
+    def write(self, index: int, addresses: np.ndarray, values: np.ndarray, dtype: np.dtype) -> None:
+        """Store ``values`` (already in range) as ``dtype`` at byte ``addresses`` of region ``index``."""
+        region, dtype = self.region(index), np.dtype(dtype)
+        if not region.writable:
+            raise NpuAccessError(f"{self.where} writes to {region.name}, which is read only",
+                                 "the command stream is corrupt: recompile the program")
+        self._check(region, addresses, dtype.itemsize, "writes")
+        spans = (addresses[..., None] + np.arange(dtype.itemsize)).reshape(-1)
+        region.data[spans] = np.ascontiguousarray(values.astype(dtype).reshape(-1)).view(np.uint8)
+        region.written[spans] = True
+
+    def copy(self, src: int, src_start: int, dst: int, dst_start: int, length: int) -> None:
+        """A linear byte copy (DMA)."""
+        self.write(dst, dst_start + np.arange(length), self.read(src, src_start + np.arange(length), np.uint8),
+                   np.uint8)

@@ -1,0 +1,273 @@
+"""The NPU executing its command stream: registers hold what the stream set, each operation reads them, one
+numpy-vectorised executor per operation family (convolution, pooling, elementwise, DMA)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ...errors import TosakitError
+from . import numerics
+from .featuremap import FeatureMap, Registers
+from .memory import Memory
+from .weights import decode_scales, decode_weights
+
+# Work a single operation may do (multiply-accumulates or elements touched): bounds a hostile stream's time.
+MAX_OP_WORK = 1 << 33
+
+OPERATIONS: dict[str, Callable[["Npu", object], None]] = {}
+
+
+def operation(name: str):
+    """Register the executor of command ``name``."""
+    def register(fn):
+        OPERATIONS[name] = fn
+        return fn
+    return register
+
+
+class UnsupportedCommandError(TosakitError):
+    """A command the simulator does not execute (yet)."""
+
+
+class Npu:
+    """One NPU: its registers, the memory it addresses, and the accelerator it is (cores, MACs)."""
+
+    def __init__(self, register_map: dict, memory: Memory, accelerator: str):
+        self.regs = Registers(register_map)
+        self.memory = memory
+        self.accelerator = accelerator
+        self.lut = np.zeros(2048, np.uint8)  # SHRAM's LUT area, filled by DMA to internal memory
+        self.executed: list[tuple[int, str]] = []  # (command offset, operation) of every operation run
+
+    def run(self, commands, deadline: float | None = None) -> None:
+        """Execute ``commands`` in order; past ``deadline`` (``time.monotonic()``) stop with an error."""
+        for command in commands:
+            name = command.register.name
+            self.memory.where = f"command at offset {command.offset:#x} ({name})"
+            run = OPERATIONS.get(name)
+            if run is None:
+                self.regs.set(command)
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                raise TosakitError(f"the Ethos-U simulation ran past its time limit, at the {self.memory.where}",
+                                   "raise the time limit (--timeout SECONDS) or run a smaller program")
+            run(self, command)
+            self.executed.append((command.offset, name))
+
+    # ------------------------------------------------------------------ register views
+
+    def value(self, register: str, field: str) -> int:
+        return self.regs.value(f"NPU_SET_{register}", field)
+
+    def name(self, register: str, field: str) -> str:
+        return self.regs.name(f"NPU_SET_{register}", field)
+
+    def ofm_shape(self) -> tuple[int, int, int]:
+        return (self.value("OFM_HEIGHT_M1", "height_m1") + 1, self.value("OFM_WIDTH_M1", "width_m1") + 1,
+                self.value("OFM_DEPTH_M1", "depth_m1") + 1)
+
+    def kernel(self) -> "Kernel":
+        stride = lambda axis: ((self.value("KERNEL_STRIDE", f"stride_{axis}_msb") << 1)  # noqa: E731
+                               | self.value("KERNEL_STRIDE", f"stride_{axis}_lsb")) + 1
+        dilation = lambda axis: 2 if self.name("KERNEL_STRIDE", f"dilation_{axis}").endswith("X2") else 1  # noqa: E731
+        dy, dx = dilation("y"), dilation("x")
+        # The kernel size registers hold the dilated extent.
+        return Kernel(self.value("KERNEL_HEIGHT_M1", "height_m1") // dy + 1,
+                      self.value("KERNEL_WIDTH_M1", "width_m1") // dx + 1, stride("y"), stride("x"), dy, dx,
+                      tuple(self.value(f"IFM_PAD_{side}", "pad") for side in ("TOP", "LEFT", "BOTTOM", "RIGHT")))
+
+    def bytes_at(self, region_register: str, base_register: str, length_register: str) -> bytes:
+        region = self.value(region_register, "region")
+        base, length = self.value(base_register, "addr"), self.value(length_register, "length")
+        check_work(length, "a weight or scale stream")
+        return self.memory.read(region, base + np.arange(length), np.uint8).astype(np.uint8).tobytes()
+
+    def clamp(self, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
+        """The activation's clip to [ACTIVATION_MIN, ACTIVATION_MAX], then the OFM precision's range."""
+        lo, hi = ofm.limits
+        if ofm.bits <= 16:
+            lo = max(lo, self.regs.signed("NPU_SET_ACTIVATION_MIN", "clip_boundary"))
+            hi = min(hi, self.regs.signed("NPU_SET_ACTIVATION_MAX", "clip_boundary"))
+        return np.clip(values, lo, hi)
+
+    def activation(self, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
+        function = self.name("ACTIVATION", "activation_function")
+        if function.startswith("ACTIVATION_FUNCTION_TABLE"):
+            raise UnsupportedCommandError(f"{self.memory.where}: LUT activation {function} is not simulated yet",
+                                          "run the program's TOSA instead (tosakit run --engine tosa)")
+        if function not in ("ACTIVATION_FUNCTION_RELU", ""):
+            raise UnsupportedCommandError(f"{self.memory.where}: activation {function} is not simulated yet",
+                                          "run the program's TOSA instead (tosakit run --engine tosa)")
+        return self.clamp(values, ofm)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The kernel an operation slides over the IFM: size, stride, dilation and padding."""
+
+    h: int
+    w: int
+    sy: int
+    sx: int
+    dy: int
+    dx: int
+    pad: tuple[int, int, int, int]  # top, left, bottom, right
+
+    def ifm_extent(self, oh: int, ow: int) -> tuple[int, int]:
+        """The IFM height and width the NPU reads for an OFM of oh x ow (the padding is outside it)."""
+        top, left, bottom, right = self.pad
+        return ((oh - 1) * self.sy + (self.h - 1) * self.dy + 1 - top - bottom,
+                (ow - 1) * self.sx + (self.w - 1) * self.dx + 1 - left - right)
+
+
+def check_work(amount: int, what: str) -> None:
+    if amount > MAX_OP_WORK:
+        raise TosakitError(f"{what} would take {amount:,} steps, more than the simulator's bound of {MAX_OP_WORK:,}",
+                           "the command stream is corrupt or the model is far larger than an Ethos-U runs")
+
+
+def windows(npu: Npu, depth: int, fill: int | None = 0) -> tuple[np.ndarray, np.ndarray, FeatureMap, Kernel]:
+    """The IFM (zero point taken off) as [OH, OW, depth, KH, KW] windows, and a mask of the positions inside
+    the IFM (False in the padding, whose values are ``fill``)."""
+    oh, ow, _ = npu.ofm_shape()
+    k = npu.kernel()
+    ifm = FeatureMap.of(npu.regs, "IFM")
+    ih, iw = k.ifm_extent(oh, ow)
+    if ih <= 0 or iw <= 0:
+        raise TosakitError(f"{npu.memory.where}: padding {k.pad} leaves no IFM to read for an OFM of {oh}x{ow}",
+                           "the command stream is corrupt: recompile the program")
+    check_work(oh * ow * depth * k.h * k.w, npu.memory.where)
+    x = ifm.read(npu.memory, ih, iw, depth) - ifm.zero_point
+    top, left, bottom, right = k.pad
+    padded = np.pad(x, ((top, bottom), (left, right), (0, 0)), constant_values=fill or 0)
+    inside = np.pad(np.ones((ih, iw), bool), ((top, bottom), (left, right)))
+    view = np.lib.stride_tricks.sliding_window_view
+    eh, ew = (k.h - 1) * k.dy + 1, (k.w - 1) * k.dx + 1
+    win = view(padded, (eh, ew), axis=(0, 1))[: (oh - 1) * k.sy + 1: k.sy, : (ow - 1) * k.sx + 1: k.sx, :, :: k.dy, :: k.dx]
+    mask = view(inside, (eh, ew))[: (oh - 1) * k.sy + 1: k.sy, : (ow - 1) * k.sx + 1: k.sx, :: k.dy, :: k.dx]
+    return win, mask, ifm, k
+
+
+def exact_dot(a: np.ndarray, b: np.ndarray, axes) -> np.ndarray:
+    """Integer tensordot, through float64 BLAS when every partial sum is exact in it (below 2**53)."""
+    terms = int(np.prod([a.shape[i] for i in axes[0]]))
+    bound = terms * int(np.abs(a).max(initial=0)) * int(np.abs(b).max(initial=0))
+    if bound < 1 << 53:
+        return np.rint(np.tensordot(a.astype(np.float64), b.astype(np.float64), axes)).astype(np.int64)
+    return np.tensordot(a.astype(object), b.astype(object), axes).astype(np.int64)
+
+
+def _output(npu: Npu, acc: np.ndarray, scale, shift) -> None:
+    ofm = FeatureMap.of(npu.regs, "OFM")
+    out = numerics.scale_output(acc, scale, shift, npu.name("OFM_PRECISION", "round_mode")) + ofm.zero_point
+    ofm.write(npu.memory, npu.activation(out, ofm))
+
+
+def _scales(npu: Npu, depth: int):
+    record = decode_scales(npu.bytes_at("SCALE_REGION", "SCALE_BASE", "SCALE_LENGTH"), depth)
+    return record.bias, record.scale, record.shift
+
+
+@operation("NPU_OP_CONV")
+def conv(npu: Npu, command) -> None:
+    """Convolution (and the vector product: a 1x1 convolution): sum of (ifm - zp) x weight, plus bias, scaled."""
+    oh, ow, oc = npu.ofm_shape()
+    ic = npu.value("IFM_DEPTH_M1", "depth_m1") + 1
+    win, _, ifm, k = windows(npu, ic)
+    w = _weights(npu, k, ic, oc, depthwise=False)
+    acc = exact_dot(win, w, ([2, 3, 4], [3, 1, 2]))
+    bias, scale, shift = _scales(npu, oc)
+    _output(npu, acc + bias, scale, shift)
+
+
+@operation("NPU_OP_DEPTHWISE")
+def depthwise(npu: Npu, command) -> None:
+    """Depthwise convolution: each channel with its own kernel."""
+    oh, ow, oc = npu.ofm_shape()
+    win, _, ifm, k = windows(npu, oc)
+    w = _weights(npu, k, oc, oc, depthwise=True)[:, :, :, 0]  # [C, KH, KW]
+    acc = np.einsum("hwckl,ckl->hwc", win, w.astype(np.int64))
+    bias, scale, shift = _scales(npu, oc)
+    _output(npu, acc + bias, scale, shift)
+
+
+def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarray:
+    ifm = FeatureMap.of(npu.regs, "IFM")
+    return decode_weights(
+        npu.bytes_at("WEIGHT_REGION", "WEIGHT_BASE", "WEIGHT_LENGTH"),
+        kernel_h=k.h, kernel_w=k.w, ifm_depth=ic, ofm_depth=oc,
+        ofm_block_depth=npu.value("OFM_BLK_DEPTH_M1", "depth_m1") + 1, depthwise=depthwise,
+        weight_order=npu.name("KERNEL_STRIDE", "weight_order"),
+        decomposition=npu.name("KERNEL_STRIDE", "decomposition"),
+        dilation=(k.dy, k.dx), ifm_bits=ifm.bits, accelerator=npu.accelerator)
+
+
+@operation("NPU_OP_POOL")
+def pool(npu: Npu, command) -> None:
+    """Max, average and sum pooling over the kernel window, then the OFM scale."""
+    mode = command.register.fields[0].enum[command.field(command.register.fields[0].name)]
+    oh, ow, oc = npu.ofm_shape()
+    scale, shift = npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")
+    if mode == "POOLING_MODE_MAX":
+        win, mask, _, _ = windows(npu, oc)
+        acc = np.where(mask[:, :, None], win, np.iinfo(np.int64).min).max(axis=(3, 4))
+    elif mode == "POOLING_MODE_AVERAGE":
+        acc = windows(npu, oc)[0].sum(axis=(3, 4))  # padding adds zeros; OFM_SCALE holds the reciprocal
+    else:
+        raise UnsupportedCommandError(f"{npu.memory.where}: pooling mode {mode} is not simulated yet",
+                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+    _output(npu, acc, scale, shift)
+
+
+@operation("NPU_OP_ELEMENTWISE")
+def elementwise(npu: Npu, command) -> None:
+    """Binary and unary elementwise operations, with IFM2 broadcast or a scalar operand."""
+    mode = command.register.fields[0].enum[command.field(command.register.fields[0].name)]
+    h, w, c = npu.ofm_shape()
+    check_work(h * w * c, npu.memory.where)
+    ifm, ofm = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "OFM")
+    a = ifm.read(npu.memory, h, w, c)
+    b = None
+    if mode not in numerics.UNARY:
+        ifm2 = FeatureMap.of(npu.regs, "IFM2")
+        if npu.name("IFM2_BROADCAST", "broadcast_constant").endswith("ENABLE"):
+            b = np.full((1, 1, 1), npu.regs.signed("NPU_SET_IFM2_SCALAR", "scalar") if ifm2.signed
+                        else npu.value("IFM2_SCALAR", "scalar"), np.int64)
+            b_zp = ifm2.zero_point
+        else:
+            shape = [1 if npu.name("IFM2_BROADCAST", f"broadcast_{axis}").endswith("_ENABLE") else n
+                     for axis, n in zip("hwc", (h, w, c))]
+            b, b_zp = ifm2.read(npu.memory, *shape), ifm2.zero_point
+        if npu.name("IFM2_BROADCAST", "operand_order").endswith("ORDER_A"):
+            a, b = b, a
+        b = np.broadcast_to(b, (h, w, c))
+    out = numerics.elementwise(npu, mode, a, b, ifm, ofm)
+    ofm.write(npu.memory, npu.activation(out, ofm))
+
+
+@operation("NPU_OP_DMA_START")
+def dma(npu: Npu, command) -> None:
+    """A copy between regions (weights streamed from flash, LUTs into SHRAM)."""
+    src_region, dst_region = npu.value("DMA0_SRC_REGION", "region"), npu.value("DMA0_DST_REGION", "region")
+    src, dst, length = npu.value("DMA0_SRC", "addr"), npu.value("DMA0_DST", "addr"), npu.value("DMA0_LEN", "addr")  # regor names the length "addr"
+    check_work(length, npu.memory.where)
+    if npu.name("DMA0_SRC_REGION", "stride_mode") not in ("", "DMA_STRIDE_MODE_D1"):
+        raise UnsupportedCommandError(f"{npu.memory.where}: 2-D and 3-D DMA are not simulated yet",
+                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+    if npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
+        data = npu.memory.read(src_region, src + np.arange(length), np.uint8)
+        if dst + length > npu.lut.size:
+            raise TosakitError(f"{npu.memory.where} writes SHRAM bytes [{dst:#x}, {dst + length:#x}) beyond its "
+                               f"LUT area of {npu.lut.size:#x} bytes", "the command stream is corrupt")
+        npu.lut[dst: dst + length] = data
+        return
+    npu.memory.copy(src_region, src, dst_region, dst, length)
+
+
+for _wait in ("NPU_OP_DMA_WAIT", "NPU_OP_KERNEL_WAIT", "NPU_OP_PMU_MASK", "NPU_OP_IRQ", "NPU_OP_STOP"):
+    # Operations complete in order on the host: waits, interrupts and performance counters change no data.
+    OPERATIONS[_wait] = lambda npu, command: None

@@ -1,0 +1,60 @@
+"""Run an Ethos-U delegate payload the way the device does: inputs copied into the scratch arena at the
+offsets of the payload's I/O table, the command stream executed, outputs read back from their offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...backends.ethosu.payload import EthosUPayload
+from ...errors import TosakitError
+from .commands import decode
+from .memory import Memory, Region
+from .npu import Npu
+from .registers import register_map
+
+# The fast scratch (region 2) is SRAM the platform lends the delegate; a payload does not state its size.
+FAST_SCRATCH_BYTES = 2 << 20
+
+
+@dataclass
+class Simulation:
+    """The outputs of one run and the NPU operations it executed (command offset, operation)."""
+
+    outputs: list[np.ndarray]
+    operations: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _io_bytes(t) -> int:
+    return int(np.prod(t.shape)) * t.elem_size
+
+
+def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str | None = None,
+             deadline: float | None = None) -> Simulation:
+    """Execute ``payload``'s command stream on ``inputs`` (integer arrays, one per I/O-table input) on
+    ``accelerator`` (by default the one the stream's header names), stopping with an error past ``deadline``
+    (a ``time.monotonic()`` value)."""
+    stream = decode(payload.cmd_data, accelerator)
+    accelerator = stream.accelerator_config.accelerator
+    if len(inputs) != len(payload.inputs):
+        raise TosakitError(f"the Ethos-U delegate takes {len(payload.inputs)} input(s), {len(inputs)} given",
+                           "pass one array per delegate input")
+    memory = Memory([Region.of(0, len(payload.weight_data), payload.weight_data, writable=False),
+                     Region.of(1, payload.scratch_size), Region.of(2, FAST_SCRATCH_BYTES)])
+    for i, (t, x) in enumerate(zip(payload.inputs, inputs)):
+        data = np.ascontiguousarray(x).astype(f"<i{t.elem_size}", copy=False).tobytes()
+        if len(data) != _io_bytes(t):
+            raise TosakitError(f"input {i} of the Ethos-U delegate has {len(data)} bytes, its I/O table says "
+                               f"{_io_bytes(t)} (shape {t.shape}, {t.elem_size}-byte elements)",
+                               "pass inputs of the delegate's shape and integer type")
+        memory.where = f"input {i}"
+        memory.write(t.region, t.offset + np.arange(len(data)), np.frombuffer(data, np.uint8), np.uint8)
+    npu = Npu(register_map(accelerator), memory, accelerator)
+    npu.run(stream.commands, deadline)
+    outputs = []
+    for i, t in enumerate(payload.outputs):
+        memory.where = f"output {i}"
+        raw = memory.read(t.region, t.offset + np.arange(_io_bytes(t)), np.uint8).astype(np.uint8)
+        outputs.append(raw.view(f"<i{t.elem_size}").reshape(t.shape))
+    return Simulation(outputs, npu.executed)

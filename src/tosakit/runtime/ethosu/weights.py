@@ -1,0 +1,113 @@
+"""An NPU operation's weight and scale streams, read back into tensors.
+
+Weights are compressed by Vela's codec (decoded here by ``ethosu.mlw_codec.decode``, the codec Vela ships)
+after a reordering into the order the NPU's MAC array consumes them: OFM blocks, then IFM blocks, then
+sub-kernels (at most 8x8, 4x4 when dilated), then micro-blocks of OFM and IFM depth. ``brick_order`` states
+that order as data; ``decode_weights`` inverts it. The scale stream holds one 10-byte record per OFM channel:
+a 40-bit signed bias, a 32-bit scale and a 6-bit shift."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import TosakitError
+
+SCALE_RECORD_BYTES = 10
+SUBKERNEL_MAX = 8  # the largest sub-kernel (height and width) the NPU traverses in one pass
+IFM_UBLOCK_DEPTH = 8
+_FIX = "the weight stream is damaged or was not written by Vela: compile the model again"
+
+
+def ofm_ublock_depth(accelerator: str) -> int:
+    """The OFM micro-block depth: channels produced together by the MAC array."""
+    return 4 if accelerator.endswith("-32") else 8
+
+
+@dataclass(frozen=True)
+class ScaleRecord:
+    """Per OFM channel: the bias added to the accumulator, then the output scale and shift."""
+
+    bias: np.ndarray  # int64 [depth]
+    scale: np.ndarray  # int64 [depth], unsigned 32-bit
+    shift: np.ndarray  # int64 [depth], 0..63
+
+
+def decode_scales(data: bytes, depth: int) -> ScaleRecord:
+    """The first ``depth`` bias/scale records of a scale stream."""
+    need = depth * SCALE_RECORD_BYTES
+    if len(data) < need:
+        raise TosakitError(f"the scale stream holds {len(data)} bytes, {depth} OFM channels need {need}", _FIX)
+    raw = np.frombuffer(bytes(data[:need]), np.uint8).reshape(depth, SCALE_RECORD_BYTES).astype(np.int64)
+    little = lambda cols: sum(raw[:, c] << (8 * i) for i, c in enumerate(cols))  # noqa: E731
+    bias = little(range(5))
+    bias = np.where(bias >= 1 << 39, bias - (1 << 40), bias)
+    return ScaleRecord(bias, little(range(5, 9)), raw[:, 9] & 0x3F)
+
+
+def brick_order(ofm_depth: int, kernel_h: int, kernel_w: int, ifm_depth: int, *, ofm_block_depth: int,
+                depthwise: bool, part_kernel_first: bool, ifm_bits: int, decomposition: tuple[int, int],
+                ofm_ublock: int) -> np.ndarray:
+    """For each weight of the (uncompressed) stream, its flat index in an [OFM, KH, KW, IFM] tensor (IFM 1
+    for depthwise), or -1 where the stream holds padding."""
+    decomp_h, decomp_w = decomposition
+    ifm_block = 16 if part_kernel_first or ifm_bits == 16 else 32
+    pieces = []
+    for ofm_block_z in range(0, ofm_depth, ofm_block_depth):
+        block_depth = min(ofm_block_depth, ofm_depth - ofm_block_z)
+        for ifm_block_z in range(0, 1 if depthwise else ifm_depth, ifm_block):
+            if depthwise:
+                block_ifm = IFM_UBLOCK_DEPTH
+            else:
+                block_ifm = min(ifm_block, ifm_depth - ifm_block_z) if part_kernel_first else ifm_block
+            for sy in range(0, kernel_h, decomp_h):
+                sub_h = min(kernel_h - sy, decomp_h)
+                for sx in range(0, kernel_w, decomp_w):
+                    sub_w = min(kernel_w - sx, decomp_w)
+                    elements = sub_w * sub_h
+                    if part_kernel_first:
+                        elements = -(-elements // (2 if ifm_bits == 16 else 4)) * (2 if ifm_bits == 16 else 4)
+                    elif depthwise:
+                        elements = -(-elements // 4) * 4
+                    outer = np.arange(0, block_ifm if part_kernel_first else 1, IFM_UBLOCK_DEPTH)
+                    inner = np.arange(0, 1 if part_kernel_first else block_ifm, IFM_UBLOCK_DEPTH)
+                    ofm_ublk = np.arange(0, block_depth, ofm_ublock)
+                    element = np.arange(elements)
+                    ofm_z = np.arange(ofm_ublock)
+                    ifm_z = np.arange(1 if depthwise else IFM_UBLOCK_DEPTH)
+                    # Loop nest, outermost first: outer IFM ublock, OFM ublock, element, inner IFM ublock,
+                    # OFM depth in the ublock, IFM depth in the ublock.
+                    o, u, e, i, oz, iz = np.meshgrid(outer, ofm_ublk, element, inner, ofm_z, ifm_z, indexing="ij")
+                    ky, kx = sy + e // sub_w, sx + e % sub_w
+                    ofm = ofm_block_z + u + oz
+                    ifm = ifm_block_z + o + i + iz
+                    valid = (ifm < (1 if depthwise else ifm_depth)) & (ofm < ofm_depth) & (e // sub_w < sub_h)
+                    flat = ((ofm * kernel_h + ky) * kernel_w + kx) * (1 if depthwise else ifm_depth) + ifm
+                    pieces.append(np.where(valid, flat, -1).reshape(-1))
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+
+
+def decode_weights(data: bytes, *, kernel_h: int, kernel_w: int, ifm_depth: int, ofm_depth: int,
+                   ofm_block_depth: int, depthwise: bool, weight_order: str, decomposition: str,
+                   dilation: tuple[int, int], ifm_bits: int, accelerator: str) -> np.ndarray:
+    """The [OFM, KH, KW, IFM] weights (IFM 1 for depthwise; int64, zero point already taken off) of a
+    compressed weight stream, as the registers of the operation describe it."""
+    from ethosu import mlw_codec
+
+    sub = 4 if decomposition.endswith("D4X4") else SUBKERNEL_MAX
+    order = brick_order(ofm_depth, kernel_h, kernel_w, ifm_depth, ofm_block_depth=min(ofm_block_depth, ofm_depth),
+                        depthwise=depthwise, part_kernel_first=weight_order.endswith("PART_KERNEL_FIRST"),
+                        ifm_bits=ifm_bits, decomposition=(sub // dilation[0], sub // dilation[1]),
+                        ofm_ublock=ofm_ublock_depth(accelerator))
+    try:
+        values = np.asarray(mlw_codec.decode(bytearray(data)), np.int64)
+    except Exception as e:  # the codec reports damage as a plain exception
+        raise TosakitError(f"the weight stream ({len(data)} bytes) does not decode: {e}", _FIX) from None
+    if values.size < order.size:
+        raise TosakitError(f"the weight stream decodes to {values.size} weights; a {kernel_h}x{kernel_w} kernel "
+                           f"from {ifm_depth} to {ofm_depth} channels needs {order.size}", _FIX)
+    weights = np.zeros(ofm_depth * kernel_h * kernel_w * (1 if depthwise else ifm_depth), np.int64)
+    used = order >= 0
+    weights[order[used]] = values[: order.size][used]
+    return weights.reshape(ofm_depth, kernel_h, kernel_w, 1 if depthwise else ifm_depth)
