@@ -8,56 +8,34 @@ import pytest
 import torch
 from torch import nn
 
-from tosakit.backends.ethosu.payload import parse_payload
+from conftest import assert_npu_bit_exact, ethosu_delegates, npu_inputs
 from tosakit.errors import TosakitError
 from tosakit.flow import compile
-from tosakit.program import LoweredBackendModule
 from tosakit.runtime.ethosu.memory import NpuAccessError
 from tosakit.runtime.ethosu.simulate import simulate
-from tosakit.runtime.refmodel import run_tosa
+from tosakit.runtime.ethosu.weights import brick_order
+from tosakit.specs import EthosUCompileSpec
+from tosakit.zoo import MODELS
 
 pytestmark = pytest.mark.numerics
 
+# The configurations the acceptance asks for: (target, memory mode); None = the target's default.
+CONFIGS = [("ethos-u55-128", "Shared_Sram"), ("ethos-u55-128", "Sram_Only"), ("ethos-u55-64", None),
+           ("ethos-u55-256", None), ("ethos-u65-256", "Dedicated_Sram")]
 
-def delegates(model: nn.Module, inputs: tuple, target: str, **options):
-    """(TOSA, parsed payload) of each Ethos-U delegate of ``model`` compiled for ``target``."""
+
+def delegates(model: nn.Module, inputs: tuple, target="ethos-u55-128", memory_mode=None, **options):
+    """(TOSA, parsed payload) of each Ethos-U delegate of ``model`` compiled int8 for ``target``."""
     torch.manual_seed(0)
-    c = compile(model.eval(), inputs, target, quantize=True, calibration=[inputs], **options)
-    found = [(m.tosa, parse_payload(m.processed_bytes)) for m in c.edge.program.graph_module.children()
-             if isinstance(m, LoweredBackendModule)]
+    spec = EthosUCompileSpec(target, memory_mode=memory_mode)
+    found = ethosu_delegates(compile(model.eval(), inputs, spec, quantize=True, calibration=[inputs], **options))
     assert found, "nothing was delegated"
     return found
 
 
-def random_inputs(payload, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for t in payload.inputs:
-        info = np.iinfo(f"i{t.elem_size}")
-        out.append(rng.integers(info.min, info.max, size=t.shape, endpoint=True).astype(f"i{t.elem_size}"))
-    return out
-
-
-def assert_bit_exact(model, inputs, target="ethos-u55-128", seeds=(0, 1, 2), **options):
-    for tosa, payload in delegates(model, inputs, target, **options):
-        for seed in seeds:
-            xs = random_inputs(payload, seed)
-            want = run_tosa(tosa, [x.reshape(_tosa_shape(x, t)) for x, t in zip(xs, payload.inputs)])
-            got = simulate(payload, xs, target).outputs
-            assert len(got) == len(want)
-            for g, w in zip(got, want):
-                w = np.asarray(w)
-                assert g.size == w.size
-                diff = np.flatnonzero(g.reshape(-1).astype(np.int64) != w.reshape(-1).astype(np.int64))
-                assert diff.size == 0, (f"{diff.size} of {w.size} values differ, first at {diff[0]}: "
-                                        f"simulated {g.reshape(-1)[diff[0]]}, reference {w.reshape(-1)[diff[0]]}")
-
-
-def _tosa_shape(x, t):
-    shape = list(t.shape)
-    while len(shape) > 1 and shape[0] == 1:
-        shape.pop(0)
-    return shape
+def assert_bit_exact(model, inputs, target="ethos-u55-128", memory_mode=None, **options):
+    for tosa, payload in delegates(model, inputs, target, memory_mode, **options):
+        assert_npu_bit_exact(tosa, payload, seeds=(0, 1, 2))
 
 
 class Conv(nn.Module):
@@ -120,11 +98,91 @@ def test_scratch_read_before_write_names_the_command():
     payload.inputs[0] = type(t)(t.shape, t.elem_size, t.offset + 64 * 1024, t.region)
     payload.scratch_size += 128 * 1024
     with pytest.raises(NpuAccessError, match=r"command at offset 0x[0-9a-f]+ \(NPU_OP_\w+\) reads byte"):
-        simulate(payload, random_inputs(payload, 0), "ethos-u55-128")
+        simulate(payload, npu_inputs(payload, 0), "ethos-u55-128")
 
 
 def test_scratch_too_small_names_the_command():
     (tosa, payload), = delegates(CONVS["3x3"][0], (torch.randn(1, 3, 8, 8),), "ethos-u55-128")
     payload.scratch_size = max(t.offset + int(np.prod(t.shape)) * t.elem_size for t in payload.inputs)
     with pytest.raises(TosakitError, match=r"command at offset 0x[0-9a-f]+ \(NPU_OP_\w+\) (writes|reads) bytes"):
-        simulate(payload, random_inputs(payload, 0), "ethos-u55-128")
+        simulate(payload, npu_inputs(payload, 0), "ethos-u55-128")
+
+
+# ------------------------------------------------------------------ weights
+
+
+@pytest.mark.parametrize("depthwise,part_kernel", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_brick_order_is_vela_codecs(depthwise, part_kernel, bits):
+    """The order decode_weights inverts is the one Vela's own codec reorders weights into, over kernel sizes
+    (sub-kernel splits above 8), dilation (4x4 sub-kernels), OFM/IFM depths off the block sizes."""
+    from ethosu import mlw_codec
+
+    rng = np.random.default_rng(0)
+    for oc, kh, kw, ic, block, dilation in [(3, 1, 1, 1, 8, 1), (20, 3, 3, 40, 16, 1), (8, 9, 5, 5, 8, 1),
+                                            (17, 3, 3, 33, 16, 2), (16, 1, 1, 70, 8, 1)]:
+        ic = 1 if depthwise else ic
+        w = rng.integers(-255, 256, (oc, kh, kw, ic)).astype(np.int16)
+        sub = 8 // dilation
+        encoded, _ = mlw_codec.reorder_encode(8, 8, w, block, depthwise, part_kernel, bits, sub, sub)
+        order = brick_order(oc, kh, kw, ic, ofm_block_depth=min(block, oc), depthwise=depthwise,
+                            part_kernel_first=part_kernel, ifm_bits=bits, decomposition=(sub, sub), ofm_ublock=8)
+        stream = np.asarray(mlw_codec.decode(encoded))[: order.size]
+        assert np.array_equal(stream, np.where(order >= 0, w.reshape(-1)[np.maximum(order, 0)], 0))
+
+
+# ------------------------------------------------------------------ elementwise, LUTs, reductions
+
+
+class Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *x):
+        return self.fn(*x)
+
+
+ELEMENTWISE = {  # name: (function, number of inputs)
+    "add": (lambda a, b: a + b, 2),
+    "sub": (lambda a, b: a - b, 2),
+    "mul": (lambda a, b: a * b, 2),
+    "add_broadcast_w": (lambda a, b: a + b[:, :, :1, :], 2),
+    "add_broadcast_first": (lambda a, b: a[:, :1, :, :] + b, 2),  # reversed operands (IFM2 is operand A)
+    "sub_broadcast_first": (lambda a, b: a[:, :, :, :1] - b, 2),
+    "maximum": (torch.maximum, 2),
+    "minimum": (torch.minimum, 2),
+    "add_scalar": (lambda a: a + 0.5, 1),
+    "mul_scalar": (lambda a: a * 3.0, 1),
+    "abs": (torch.abs, 1),
+    "leaky_relu": (lambda a: nn.functional.leaky_relu(a, 0.1), 1),
+    "relu": (torch.relu, 1),
+    "sigmoid": (torch.sigmoid, 1),
+    "tanh": (torch.tanh, 1),
+    "hardswish": (nn.functional.hardswish, 1),
+    "mean_hw": (lambda a: a.mean(dim=(2, 3), keepdim=True), 1),
+    "sum_c": (lambda a: a.sum(dim=1, keepdim=True), 1),
+    "softmax": (lambda a: a.softmax(dim=-1), 1),
+}
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_elementwise_u55(name):
+    fn, n = ELEMENTWISE[name]
+    torch.manual_seed(1)
+    assert_bit_exact(Fn(fn), tuple(torch.randn(1, 8, 5, 7) for _ in range(n)))
+
+
+# ------------------------------------------------------------------ the built-in models, every configuration
+
+_SMALL = ["add", "add3", "softmax", "digits", "waves", "audio1d", "lstm"]
+
+
+@pytest.mark.parametrize("target,memory_mode", CONFIGS, ids=[f"{t}-{m or 'default'}" for t, m in CONFIGS])
+@pytest.mark.parametrize("model_name", [m if m in _SMALL else pytest.param(m, marks=pytest.mark.slow) for m in MODELS])
+def test_builtin_model_u55(model_name, target, memory_mode):
+    """Every built-in model, int8, simulated from its payload: the reference model's outputs bit for bit."""
+    model, inputs = MODELS[model_name].factory()
+    found = delegates(model, inputs, target, memory_mode)
+    for tosa, payload in found:
+        assert_npu_bit_exact(tosa, payload, seeds=(0,))

@@ -178,7 +178,7 @@ def test_layers_op_int(harness, name):
 @pytest.mark.parametrize("name", _params("u55"))
 def test_layers_op_u55(harness, name):
     module, inputs = _case(name)
-    harness.ethosu(module, inputs, "ethos-u55-128")
+    harness.ethosu(module, inputs, "ethos-u55-128", case=name)
 
 
 @pytest.mark.parametrize("name", _params("u85"))

@@ -70,7 +70,7 @@ class FeatureMap:
             tuple(regs.value(f"{r}BASE{i}", "addr") for i in range(4)),
             regs.value(r + "HEIGHT0_M1", "height_m1") + 1, regs.value(r + "HEIGHT1_M1", "height_m1") + 1,
             regs.value(r + "WIDTH0_M1", "width_m1") + 1,
-            regs.value(r + "STRIDE_X", "addr"), regs.value(r + "STRIDE_Y", "addr"), regs.value(r + "STRIDE_C", "addr"),
+            *(regs.signed(r + f"STRIDE_{axis}", "addr", 40) for axis in "XYC"),  # negative: a reversed axis
             bits, signed, regs.name(precision, "activation_format") == "ACTIVATION_FORMAT_NHCWB16", zp)
 
     @property

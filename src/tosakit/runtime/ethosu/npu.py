@@ -15,6 +15,8 @@ from .featuremap import FeatureMap, Registers
 from .memory import Memory
 from .weights import decode_scales, decode_weights
 
+# SHRAM's last 2 KiB hold the LUTs, in slots of 256 bytes (TABLE_0..TABLE_7).
+LUT_BYTES, LUT_SLOT_BYTES = 2048, 256
 # Work a single operation may do (multiply-accumulates or elements touched): bounds a hostile stream's time.
 MAX_OP_WORK = 1 << 33
 
@@ -36,11 +38,11 @@ class UnsupportedCommandError(TosakitError):
 class Npu:
     """One NPU: its registers, the memory it addresses, and the accelerator it is (cores, MACs)."""
 
-    def __init__(self, register_map: dict, memory: Memory, accelerator: str):
+    def __init__(self, register_map: dict, memory: Memory, accelerator: str, shram_bytes: int):
         self.regs = Registers(register_map)
         self.memory = memory
         self.accelerator = accelerator
-        self.lut = np.zeros(2048, np.uint8)  # SHRAM's LUT area, filled by DMA to internal memory
+        self.shram = np.zeros(shram_bytes, np.uint8)  # internal memory: DMA fills its LUT slots
         self.executed: list[tuple[int, str]] = []  # (command offset, operation) of every operation run
 
     def run(self, commands, deadline: float | None = None) -> None:
@@ -95,15 +97,26 @@ class Npu:
         return np.clip(values, lo, hi)
 
     def activation(self, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
+        """The activation function (RELU is the plain clip; TABLE_k looks values up in LUT slot k), then the
+        clip."""
         function = self.name("ACTIVATION", "activation_function")
-        if function.startswith("ACTIVATION_FUNCTION_TABLE"):
-            raise UnsupportedCommandError(f"{self.memory.where}: LUT activation {function} is not simulated yet",
-                                          "run the program's TOSA instead (tosakit run --engine tosa)")
-        if function not in ("ACTIVATION_FUNCTION_RELU", ""):
+        if function.startswith("ACTIVATION_FUNCTION_TABLE_"):
+            values = self.table(int(function.rsplit("_", 1)[1]), values, ofm)
+        elif function != "ACTIVATION_FUNCTION_RELU":
             raise UnsupportedCommandError(f"{self.memory.where}: activation {function} is not simulated yet",
                                           "run the program's TOSA instead (tosakit run --engine tosa)")
         return self.clamp(values, ofm)
 
+    def table(self, slot: int, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
+        """An 8-bit LUT: 256 signed entries in SHRAM's LUT slot ``slot``, indexed by the value + 128."""
+        if ofm.bits > 8 and self.name("ACTIVATION", "activation_clip_range") != "ACTIVATION_CLIP_RANGE_FORCE_INT8":
+            raise UnsupportedCommandError(f"{self.memory.where}: a {ofm.bits}-bit LUT activation is not simulated yet",
+                                          "run the program's TOSA instead (tosakit run --engine tosa)")
+        start = self.shram.size - LUT_BYTES + slot * LUT_SLOT_BYTES
+        if start + 256 > self.shram.size:
+            raise TosakitError(f"{self.memory.where}: LUT slot {slot} lies outside SHRAM", "the command stream is corrupt")
+        lut = self.shram[start: start + 256].view(np.int8).astype(np.int64)
+        return lut[np.clip(values, -128, 127) + 128]
 
 @dataclass(frozen=True)
 class Kernel:
@@ -130,9 +143,9 @@ def check_work(amount: int, what: str) -> None:
                            "the command stream is corrupt or the model is far larger than an Ethos-U runs")
 
 
-def windows(npu: Npu, depth: int, fill: int | None = 0) -> tuple[np.ndarray, np.ndarray, FeatureMap, Kernel]:
-    """The IFM (zero point taken off) as [OH, OW, depth, KH, KW] windows, and a mask of the positions inside
-    the IFM (False in the padding, whose values are ``fill``)."""
+def windows(npu: Npu, depth: int) -> tuple[np.ndarray, np.ndarray, FeatureMap, Kernel]:
+    """The IFM (zero point taken off, upscaled as IFM_UPSCALE says) as [OH, OW, depth, KH, KW] windows, and
+    a mask of the positions inside the IFM (False in the padding, which holds zeros)."""
     oh, ow, _ = npu.ofm_shape()
     k = npu.kernel()
     ifm = FeatureMap.of(npu.regs, "IFM")
@@ -141,9 +154,19 @@ def windows(npu: Npu, depth: int, fill: int | None = 0) -> tuple[np.ndarray, np.
         raise TosakitError(f"{npu.memory.where}: padding {k.pad} leaves no IFM to read for an OFM of {oh}x{ow}",
                            "the command stream is corrupt: recompile the program")
     check_work(oh * ow * depth * k.h * k.w, npu.memory.where)
-    x = ifm.read(npu.memory, ih, iw, depth) - ifm.zero_point
+    upscale = npu.name("IFM_UPSCALE", "mode")
+    if upscale == "IFM_UPSCALE_MODE_NONE":
+        x = ifm.read(npu.memory, ih, iw, depth) - ifm.zero_point
+    else:  # 2x in height and width: each value repeated (NEAREST) or followed by zeros (ZEROS)
+        x = ifm.read(npu.memory, -(-ih // 2), -(-iw // 2), depth) - ifm.zero_point
+        if upscale == "IFM_UPSCALE_MODE_NEAREST":
+            x = x.repeat(2, axis=0).repeat(2, axis=1)[:ih, :iw]
+        else:
+            up = np.zeros((2 * x.shape[0], 2 * x.shape[1], depth), np.int64)
+            up[::2, ::2] = x
+            x = up[:ih, :iw]
     top, left, bottom, right = k.pad
-    padded = np.pad(x, ((top, bottom), (left, right), (0, 0)), constant_values=fill or 0)
+    padded = np.pad(x, ((top, bottom), (left, right), (0, 0)))
     inside = np.pad(np.ones((ih, iw), bool), ((top, bottom), (left, right)))
     view = np.lib.stride_tricks.sliding_window_view
     eh, ew = (k.h - 1) * k.dy + 1, (k.w - 1) * k.dx + 1
@@ -216,7 +239,14 @@ def pool(npu: Npu, command) -> None:
         win, mask, _, _ = windows(npu, oc)
         acc = np.where(mask[:, :, None], win, np.iinfo(np.int64).min).max(axis=(3, 4))
     elif mode == "POOLING_MODE_AVERAGE":
-        acc = windows(npu, oc)[0].sum(axis=(3, 4))  # padding adds zeros; OFM_SCALE holds the reciprocal
+        win, mask, _, k = windows(npu, oc)
+        acc = win.sum(axis=(3, 4))
+        if any(k.pad):  # with padding the NPU divides by the count of IFM elements in each window itself
+            count = mask.sum(axis=(2, 3))[:, :, None]
+            acc = numerics.scale_output(acc, *numerics.reciprocal_scale(count), "ROUND_MODE_NATURAL")
+        # without it, OFM_SCALE holds the reciprocal of the kernel area (with any rescale folded in)
+    elif mode == "POOLING_MODE_REDUCE_SUM":  # over the window and every IFM channel, into OFM depth 1
+        acc = windows(npu, npu.value("IFM_DEPTH_M1", "depth_m1") + 1)[0].sum(axis=(2, 3, 4))[:, :, None]
     else:
         raise UnsupportedCommandError(f"{npu.memory.where}: pooling mode {mode} is not simulated yet",
                                       "run the program's TOSA instead (tosakit run --engine tosa)")
@@ -230,23 +260,27 @@ def elementwise(npu: Npu, command) -> None:
     h, w, c = npu.ofm_shape()
     check_work(h * w * c, npu.memory.where)
     ifm, ofm = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "OFM")
-    a = ifm.read(npu.memory, h, w, c)
-    b = None
+    a, a_zp, b, b_zp = ifm.read(npu.memory, h, w, c), ifm.zero_point, None, 0
     if mode not in numerics.UNARY:
         ifm2 = FeatureMap.of(npu.regs, "IFM2")
+        b_zp = ifm2.zero_point
         if npu.name("IFM2_BROADCAST", "broadcast_constant").endswith("ENABLE"):
-            b = np.full((1, 1, 1), npu.regs.signed("NPU_SET_IFM2_SCALAR", "scalar") if ifm2.signed
-                        else npu.value("IFM2_SCALAR", "scalar"), np.int64)
-            b_zp = ifm2.zero_point
+            scalar = "NPU_SET_IFM2_SCALAR"
+            b = np.full((1, 1, 1), npu.regs.signed(scalar, "scalar") if ifm2.signed else npu.regs.value(scalar, "scalar"))
         else:
             shape = [1 if npu.name("IFM2_BROADCAST", f"broadcast_{axis}").endswith("_ENABLE") else n
                      for axis, n in zip("hwc", (h, w, c))]
-            b, b_zp = ifm2.read(npu.memory, *shape), ifm2.zero_point
-        if npu.name("IFM2_BROADCAST", "operand_order").endswith("ORDER_A"):
-            a, b = b, a
-        b = np.broadcast_to(b, (h, w, c))
-    out = numerics.elementwise(npu, mode, a, b, ifm, ofm)
-    ofm.write(npu.memory, npu.activation(out, ofm))
+            b = ifm2.read(npu.memory, *shape)
+        if npu.name("IFM2_BROADCAST", "operand_order").endswith("ORDER_A"):  # IFM2 is operand A
+            a, a_zp, b, b_zp = b, b_zp, a, a_zp
+        a, b = np.broadcast_arrays(a, b)
+    out = numerics.elementwise(
+        mode, a, b, zero_points=(a_zp, b_zp),
+        input_scale=(npu.name("IFM_PRECISION", "scale_mode"), npu.value("OPA_SCALE", "scale"),
+                     npu.value("OPA_SCALE", "shift"), npu.value("OPB_SCALE", "scale")),
+        round_modes=(npu.name("IFM_PRECISION", "round_mode"), npu.name("OFM_PRECISION", "round_mode")),
+        ofm_scale=(npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")), bits=ifm.bits)
+    ofm.write(npu.memory, npu.activation(out + ofm.zero_point, ofm))
 
 
 @operation("NPU_OP_DMA_START")
@@ -260,10 +294,11 @@ def dma(npu: Npu, command) -> None:
                                       "run the program's TOSA instead (tosakit run --engine tosa)")
     if npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
         data = npu.memory.read(src_region, src + np.arange(length), np.uint8)
-        if dst + length > npu.lut.size:
-            raise TosakitError(f"{npu.memory.where} writes SHRAM bytes [{dst:#x}, {dst + length:#x}) beyond its "
-                               f"LUT area of {npu.lut.size:#x} bytes", "the command stream is corrupt")
-        npu.lut[dst: dst + length] = data
+        if dst < npu.shram.size - LUT_BYTES or dst + length > npu.shram.size:
+            raise TosakitError(f"{npu.memory.where} writes SHRAM bytes [{dst:#x}, {dst + length:#x}), outside its "
+                               f"LUT area [{npu.shram.size - LUT_BYTES:#x}, {npu.shram.size:#x})",
+                               "the command stream is corrupt: recompile the program")
+        npu.shram[dst: dst + length] = data
         return
     npu.memory.copy(src_region, src, dst_region, dst, length)
 

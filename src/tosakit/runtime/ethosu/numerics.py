@@ -30,4 +30,70 @@ def scale_output(acc: np.ndarray, scale, shift, round_mode: str) -> np.ndarray:
         half = half + np.where(shift > 31, np.where(product >= 0, 1 << 30, -(1 << 30)), 0).astype(dtype)
     return ((product + half) >> shift.astype(dtype)).astype(np.int64)
 
+def reciprocal_scale(count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (scale, shift) of 1/count, as the TOSA spec's ``reciprocal_scale`` defines it."""
+    count = np.asarray(count, np.int64)
+    k = np.ceil(np.log2(np.maximum(count, 1))).astype(np.int64)  # (1 << k) / 2 < count <= (1 << k)
+    return (((1 << 30) + 1) << k) // np.maximum(count, 1), 30 + k
+
+
 UNARY = ("ELEMENTWISE_MODE_ABS", "ELEMENTWISE_MODE_CLZ", "ELEMENTWISE_MODE_LRELU")
+# In the 32-bit input scaling modes (OPA_32, OPB_32) of ADD and SUB, the operand that is not scaled is
+# shifted left by this many bits, by IFM precision: the "input shift" of Vela's advanced add/sub scaling
+# (20 for 8-bit, 15 for 16-bit) less the one bit its 2 x max-scale normalisation takes.
+UNSCALED_SHIFT = {8: 19, 16: 14}
+
+
+def _times(a: np.ndarray, b) -> np.ndarray:
+    """``a * b`` exactly (Python integers where int64 could overflow)."""
+    if _wide(a, b):
+        return np.asarray(a, object) * np.asarray(b, object)
+    return a * b
+
+
+def _clz32(x: np.ndarray) -> np.ndarray:
+    """Leading zeros of each value's 32-bit two's complement."""
+    u = np.asarray(x, np.int64) & 0xFFFFFFFF
+    return np.where(u == 0, 32, 32 - np.floor(np.log2(np.maximum(u, 1))).astype(np.int64) - 1)
+
+
+def elementwise(mode: str, a: np.ndarray, b: np.ndarray | None, *, zero_points: tuple[int, int],
+                input_scale: tuple[str, int, int, int], round_modes: tuple[str, str], ofm_scale: tuple[int, int],
+                bits: int) -> np.ndarray:
+    """One elementwise operation on operands A and B (B None for unary modes), before the OFM zero point and
+    the activation. ``input_scale`` is (IFM scale mode, OPA scale, OPA shift, OPB scale), ``round_modes`` the
+    IFM's (input scaling) and OFM's, ``ofm_scale`` (scale, shift), ``bits`` the IFM precision."""
+    a = np.asarray(a, np.int64) - zero_points[0]
+    if b is not None:
+        b = np.asarray(b, np.int64) - zero_points[1]
+    name = mode.removeprefix("ELEMENTWISE_MODE_")
+    if name in ("ADD", "SUB"):
+        scale_mode, opa_scale, opa_shift, opb_scale = input_scale
+        if scale_mode.endswith("OPA_32"):
+            a, b = scale_output(a, opa_scale, opa_shift, round_modes[0]), b << UNSCALED_SHIFT.get(bits, 0)
+        elif scale_mode.endswith("OPB_32"):
+            a, b = a << UNSCALED_SHIFT.get(bits, 0), scale_output(b, opa_scale, opa_shift, round_modes[0])
+        else:  # OPA_OPB_16: integer 16-bit multipliers, no shift
+            a, b = _times(a, opa_scale), _times(b, opb_scale)
+        c = a + b if name == "ADD" else a - b
+    elif name == "MUL":
+        c = _times(a, b)
+    elif name == "MIN":
+        c = np.minimum(a, b)
+    elif name == "MAX":
+        c = np.maximum(a, b)
+    elif name == "ABS":
+        c = np.abs(a)
+    elif name == "LRELU":
+        return np.where(a < 0, scale_output(a, *ofm_scale, round_modes[1]), a)
+    elif name == "CLZ":
+        return _clz32(a)
+    elif name == "SHL":
+        return (a << np.clip(b, 0, 63)).astype(np.int64)
+    elif name == "SHR":
+        shift = np.clip(b, 0, 63)
+        half = np.where(shift > 0, np.left_shift(1, np.maximum(shift - 1, 0)), 0)
+        return (a + half) >> shift if round_modes[1].endswith("NATURAL") else a >> shift
+    else:
+        raise ValueError(f"unknown elementwise mode {mode}")
+    return scale_output(np.asarray(c), *ofm_scale, round_modes[1])

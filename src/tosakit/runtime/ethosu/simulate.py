@@ -50,7 +50,7 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
                                "pass inputs of the delegate's shape and integer type")
         memory.where = f"input {i}"
         memory.write(t.region, t.offset + np.arange(len(data)), np.frombuffer(data, np.uint8), np.uint8)
-    npu = Npu(register_map(accelerator), memory, accelerator)
+    npu = Npu(register_map(accelerator), memory, accelerator, stream.accelerator_config.shram_kib * 1024)
     npu.run(stream.commands, deadline)
     outputs = []
     for i, t in enumerate(payload.outputs):
