@@ -186,3 +186,17 @@ def test_builtin_model_u55(model_name, target, memory_mode):
     found = delegates(model, inputs, target, memory_mode)
     for tosa, payload in found:
         assert_npu_bit_exact(tosa, payload, seeds=(0,))
+
+
+A16W8 = ["add", "softmax", "digits", "waves", "audio1d", *(pytest.param(m, marks=pytest.mark.slow)
+                                                          for m in ("mv2", "mv3", "resnet18", "unet"))]
+
+
+@pytest.mark.parametrize("model_name", A16W8)
+def test_builtin_model_a16w8_u55(model_name):
+    """The built-in models that lower with 16-bit activations (a16w8), simulated bit for bit."""
+    from tosakit.quantize import get_symmetric_a16w8_quantization_config
+
+    model, inputs = MODELS[model_name].factory()
+    for tosa, payload in delegates(model, inputs, config=get_symmetric_a16w8_quantization_config()):
+        assert_npu_bit_exact(tosa, payload, seeds=(0,))
