@@ -87,16 +87,20 @@ class FeatureMap:
 
     def addresses(self, y: np.ndarray, x: np.ndarray, c: np.ndarray) -> np.ndarray:
         """Byte addresses of elements (y, x, c) (broadcast together), through the four tiles."""
+        if np.max(y, initial=0) < self.height0 and np.max(x, initial=0) < self.width0:
+            return self._tile_offsets(self.bases[0], y, x, c)  # all in tile 0: separable, no per-element work
         y, x, c = np.broadcast_arrays(np.asarray(y, np.int64), np.asarray(x, np.int64), np.asarray(c, np.int64))
         right = x >= self.width0
         lower = np.where(right, y >= self.height1, y >= self.height0)
         tile = right.astype(np.int64) + 2 * lower
         y = y - np.where(lower, np.where(right, self.height1, self.height0), 0)
         x = x - np.where(right, self.width0, 0)
-        base = np.asarray(self.bases, np.int64)[tile]
-        if self.brick:
-            return base + y * self.stride_y + x * (BRICK * self.elem) + (c // BRICK) * self.stride_c + (c % BRICK) * self.elem
-        return base + y * self.stride_y + x * self.stride_x + c * self.elem
+        return self._tile_offsets(np.asarray(self.bases, np.int64)[tile], y, x, c)
+
+    def _tile_offsets(self, base, y, x, c) -> np.ndarray:
+        x_step = BRICK * self.elem if self.brick else self.stride_x
+        c_offset = (c // BRICK) * self.stride_c + (c % BRICK) * self.elem if self.brick else c * self.elem
+        return base + (np.asarray(y, np.int64) * self.stride_y + np.asarray(x, np.int64) * x_step) + c_offset
 
     def grid(self, h: int, w: int, c: int) -> np.ndarray:
         """Addresses of the whole [h, w, c] map."""

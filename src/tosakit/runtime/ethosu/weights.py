@@ -8,6 +8,7 @@ a 40-bit signed bias, a 32-bit scale and a 6-bit shift."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,18 +89,58 @@ def brick_order(ofm_depth: int, kernel_h: int, kernel_w: int, ifm_depth: int, *,
     return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
 
 
+class _Decoded:
+    """Decoded weight tensors by (stream bytes, layout), least recently used dropped past a byte budget: a
+    program run again decodes nothing (the key is the content, so weights DMA'd into scratch are safe)."""
+
+    BUDGET = 64 << 20
+
+    def __init__(self):
+        self.items: OrderedDict = OrderedDict()
+        self.nbytes = 0
+
+    def get(self, key):
+        found = self.items.get(key)
+        if found is not None:
+            self.items.move_to_end(key)
+        return found
+
+    def put(self, key, weights: np.ndarray) -> None:
+        self.items[key] = weights
+        self.nbytes += weights.nbytes + len(key[0])
+        while self.nbytes > self.BUDGET and len(self.items) > 1:
+            (data, *_), old = self.items.popitem(last=False)
+            self.nbytes -= old.nbytes + len(data)
+
+
+_DECODED = _Decoded()
+
+
 def decode_weights(data: bytes, *, kernel_h: int, kernel_w: int, ifm_depth: int, ofm_depth: int,
                    ofm_block_depth: int, depthwise: bool, weight_order: str, decomposition: str,
                    dilation: tuple[int, int], ifm_bits: int, accelerator: str) -> np.ndarray:
     """The [OFM, KH, KW, IFM] weights (IFM 1 for depthwise; int64, zero point already taken off) of a
     compressed weight stream, as the registers of the operation describe it."""
+    key = (bytes(data), kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order,
+           decomposition, dilation, ifm_bits, ofm_ublock_depth(accelerator))
+    found = _DECODED.get(key)
+    if found is None:
+        found = _decode(key)
+        _DECODED.put(key, found)
+    return found.astype(np.int64)
+
+
+def _decode(key) -> np.ndarray:
     from ethosu import mlw_codec
+
+    (data, kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order, decomposition,
+     dilation, ifm_bits, ofm_ublock) = key
 
     sub = 4 if decomposition.endswith("D4X4") else SUBKERNEL_MAX
     order = brick_order(ofm_depth, kernel_h, kernel_w, ifm_depth, ofm_block_depth=min(ofm_block_depth, ofm_depth),
                         depthwise=depthwise, part_kernel_first=weight_order.endswith("PART_KERNEL_FIRST"),
                         ifm_bits=ifm_bits, decomposition=(sub // dilation[0], sub // dilation[1]),
-                        ofm_ublock=ofm_ublock_depth(accelerator))
+                        ofm_ublock=ofm_ublock)
     try:
         values = np.asarray(mlw_codec.decode(bytearray(data)), np.int64)
     except Exception as e:  # the codec reports damage as a plain exception
@@ -107,7 +148,7 @@ def decode_weights(data: bytes, *, kernel_h: int, kernel_w: int, ifm_depth: int,
     if values.size < order.size:
         raise TosakitError(f"the weight stream decodes to {values.size} weights; a {kernel_h}x{kernel_w} kernel "
                            f"from {ifm_depth} to {ofm_depth} channels needs {order.size}", _FIX)
-    weights = np.zeros(ofm_depth * kernel_h * kernel_w * (1 if depthwise else ifm_depth), np.int64)
+    weights = np.zeros(ofm_depth * kernel_h * kernel_w * (1 if depthwise else ifm_depth), np.int16)  # int9 values
     used = order >= 0
     weights[order[used]] = values[: order.size][used]
     return weights.reshape(ofm_depth, kernel_h, kernel_w, 1 if depthwise else ifm_depth)
