@@ -3,12 +3,14 @@ compiled by Vela and run by the simulator from the payload's bytes (command stre
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from conftest import assert_npu_bit_exact, ethosu_delegates, npu_inputs
+from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, ethosu_delegates, npu_inputs
 from tosakit.errors import TosakitError
 from tosakit.flow import compile
 from tosakit.runtime.ethosu.memory import NpuAccessError
@@ -200,3 +202,36 @@ def test_builtin_model_a16w8_u55(model_name):
     model, inputs = MODELS[model_name].factory()
     for tosa, payload in delegates(model, inputs, config=get_symmetric_a16w8_quantization_config()):
         assert_npu_bit_exact(tosa, payload, seeds=(0,))
+
+
+# ------------------------------------------------------------------ every _u55 op-table case, every configuration
+
+_OP_TABLES = ("test_ops", "test_ops_elementwise", "test_ops_layers", "test_ops_shape")
+_OTHER_CONFIGS = CONFIGS[1:]  # ethos-u55-128 Shared_Sram is the op tests' own target (Harness.ethosu)
+
+
+def _op_cases():
+    cases = []
+    for table in _OP_TABLES:
+        op_table = importlib.import_module(table).OP_TABLE
+        cases += [pytest.param(op_table, name, id=f"{table[len('test_'):]}.{name}")
+                  for name, flavours in op_table.flavours.items() if "u55" in flavours]
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op_table,name", _op_cases())
+def test_op_case_every_configuration(op_table, name):
+    """Each op-table case the U55 takes, compiled for the other four configurations, simulated bit for bit
+    (or differing exactly where NPU_DIFFERENCES pins it)."""
+    module, inputs = op_table.build(name)
+    for target, memory_mode in _OTHER_CONFIGS:
+        torch.manual_seed(0)
+        spec = EthosUCompileSpec(target, memory_mode=memory_mode)
+        compiled = compile(module, inputs, spec, quantize=True)
+        for tosa, payload in ethosu_delegates(compiled):
+            if name in NPU_DIFFERENCES:
+                with pytest.raises(AssertionError, match="values differ"):
+                    assert_npu_bit_exact(tosa, payload, seeds=(0,))
+            else:
+                assert_npu_bit_exact(tosa, payload, seeds=(0,))
