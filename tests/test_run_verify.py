@@ -60,6 +60,10 @@ class ChunkedAttention(nn.Module):
     example_inputs = (torch.randn(1, 10, 32),)
 '''
 
+# Programs whose Ethos-U command stream (Vela 5.2's) the simulator finds at fault: q @ k^T of one tensor's chunks
+# becomes a MUL whose OFM (depth 96, the whole qkv) overruns the 33-channel temporary Vela allotted in scratch.
+NPU_FAULTS = {("user.py:ChunkedAttention", "u55_delegated"): "command at offset 0x410 (NPU_OP_ELEMENTWISE) writes bytes"}
+
 MODES = {
     "cpu": dict(target="ethos-u55-128", delegate=False, quantize=False),
     "u55_delegated": dict(target="ethos-u55-128", delegate=True, quantize=True, debug_info=True),
@@ -87,7 +91,13 @@ def test_compile_verify_then_run(harness, model, mode, tmp_path, monkeypatch, ca
             assert (o.vs_fake_quant is not None) == (o.vs_float is not None), o
         else:
             assert o.vs_float is None or o.vs_float.snr_db >= 80, o
-    assert main(["run", "p.pte", "--random", "--outputs", "o.npz"]) == 0
+    engine = []
+    if (model, mode) in NPU_FAULTS:  # the stream Vela wrote misbehaves: the run says so, --engine tosa runs the TOSA
+        assert NPU_FAULTS[model, mode] in run.verification.npu_error
+        assert main(["run", "p.pte", "--random", "--outputs", "o.npz"]) == 2
+        assert NPU_FAULTS[model, mode] in capsys.readouterr().err and not (tmp_path / "o.npz").exists()
+        engine = ["--engine", "tosa"]
+    assert main(["run", "p.pte", "--random", "--outputs", "o.npz", *engine]) == 0
     assert "error" not in capsys.readouterr().err
     inputs = random_inputs([(t.dtype, tuple(t.shape)) for t in run.inputs], seed=0)
     with torch.no_grad():
@@ -96,7 +106,7 @@ def test_compile_verify_then_run(harness, model, mode, tmp_path, monkeypatch, ca
     with np.load(tmp_path / "o.npz") as saved:
         got = [saved[f"out{i}"] for i in range(len(saved.files))]
     assert len(got) == len(reference) == len(run.verification.outputs)
-    again = load(tmp_path / "p.pte").run(inputs)
+    again = load(tmp_path / "p.pte", engine=engine[-1] if engine else None).run(inputs)
     for g, a, want, o in zip(got, again, reference, run.verification.outputs):
         assert g.shape == tuple(want.shape) == o.shape and np.array_equal(g, a.numpy())
     if MODES[mode]["quantize"]:

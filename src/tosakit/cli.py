@@ -247,6 +247,8 @@ def write_report(path: Path, edge, program, opts: CompileOptions, output: Path, 
                          "vs_fake_quant": _plain(o.vs_fake_quant)} for o in verification.outputs],
             "layers": [{**{k: v for k, v in vars(lay).items() if k != "vs_float"}, "vs_float": _plain(lay.vs_float),
                         "matches": lay.matches} for lay in verification.layers],
+            "npu_vs_tosa": [{**vars(c), "bit_exact": c.bit_exact} for c in verification.engines],
+            "npu_error": verification.npu_error,
         }
     write_atomic(path, json.dumps(report, indent=2, default=str).encode())
 
@@ -337,7 +339,10 @@ def _cmd_run(args) -> int:
 
     from .runtime import load
 
-    program = load(args.pte, limits=_limits(args))  # validated whole before torch is even imported
+    if args.verify and args.engine == "tosa":
+        raise TosakitError("--verify compares the NPU engine's results with the TOSA ones: it runs --engine npu",
+                           "drop --engine tosa")
+    program = load(args.pte, limits=_limits(args), engine=args.engine)  # validated whole before torch is imported
     import torch
 
     from .runtime.io import random_inputs, read_inputs, write_outputs
@@ -350,7 +355,7 @@ def _cmd_run(args) -> int:
     else:
         raise TosakitError("tosakit run needs inputs", "pass --inputs file.npz (arrays arg0, arg1, ...) or --random")
     start = time.perf_counter()
-    outputs = program.run(inputs)
+    outputs, comparisons = program.run_and_compare(inputs) if args.verify else (program.run(inputs), [])
     seconds = time.perf_counter() - start
     for i, out in enumerate(outputs):
         desc = f"output {i}: {str(out.dtype).replace('torch.', '')}{list(out.shape)}"
@@ -360,11 +365,20 @@ def _cmd_run(args) -> int:
         if out.dim() == 2 and out.shape[-1] > 1 and out.is_floating_point():
             desc += f"; top-5 classes {out[0].topk(min(5, out.shape[-1])).indices.tolist()}"
         print(desc)
-    print(f"ran {args.pte} in {seconds:.3f} s")
+    simulated = len(program.layouts["forward"].delegate_npu)
+    print(f"ran {args.pte} in {seconds:.3f} s" + (f" ({simulated} Ethos-U delegate(s) on the NPU simulator)"
+                                                 if simulated else ""))
+    for c in comparisons:
+        print(f"npu vs tosa: {c}")
     if args.outputs:
         # numpy has no bfloat16: such outputs are written widened to float32
         write_outputs(args.outputs, [np.asarray(o.float() if o.dtype == torch.bfloat16 else o) for o in outputs])
         print(f"wrote {args.outputs}")
+    differ = [c for c in comparisons if not c.bit_exact]
+    if differ:
+        print(f"the NPU simulator and the TOSA reference model differ on {len(differ)} delegate output(s): report "
+              f"the program to tosakit", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -512,8 +526,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--random", action="store_true", help="seeded random inputs for --verify")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=_cmd_compile)
-    r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, delegates on the TOSA reference model)")
+    r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, Ethos-U55/U65 delegates on the "
+                                   "command-stream simulator, other delegates on the TOSA reference model)")
     r.add_argument("pte")
+    r.add_argument("--engine", choices=("npu", "tosa"),  # runtime.validate.ENGINES (not imported: slow)
+                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55/U65), or "
+                        "tosa, the TOSA they carry (--debug-info) on the reference model (default: npu when the "
+                        "stream is one the simulator runs, else tosa)")
+    r.add_argument("--verify", action="store_true",
+                   help="also run each simulated Ethos-U delegate's carried TOSA on the same inputs and compare, per "
+                        "delegate output (exit 1 if they differ)")
     r.add_argument("--inputs", help=".npz with arrays arg0, arg1, ... (or in file order)")
     r.add_argument("--random", action="store_true", help="seeded random inputs of the program's shapes")
     r.add_argument("--seed", type=int, default=0)

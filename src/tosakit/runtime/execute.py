@@ -1,6 +1,7 @@
 """Running a validated method: its arenas (exactly the bytes its tensors use, never resizable), its values,
-ExecuTorch CPU kernels as PyTorch implements them, delegates on the TOSA reference model, within the
-run's step and time limits."""
+ExecuTorch CPU kernels as PyTorch implements them, Ethos-U delegates on the command-stream simulator or the TOSA
+reference model (the engine validation chose), other delegates on the TOSA reference model, within the run's
+step and time limits."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ..errors import TosakitError, first_line
 from ..native import captured_output
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
-from .program import LoadedProgram, TensorSpec
+from .ethosu.simulate import simulate
+from .program import EngineComparison, LoadedProgram, TensorSpec
 from .refmodel import IsolatedReferenceModel
 from .reference import run_stored
 from .validate import MethodLayout, tensor_nbytes
@@ -84,10 +86,12 @@ class Kernel:
 
 
 class Execution:
-    """The values and memory of one run."""
+    """The values and memory of one run; with ``compare``, each simulated Ethos-U delegate that carries its TOSA
+    runs it too, and ``comparisons`` holds how their outputs compare."""
 
-    def __init__(self, loaded: LoadedProgram, plan: S.ExecutionPlan, layout: MethodLayout):
+    def __init__(self, loaded: LoadedProgram, plan: S.ExecutionPlan, layout: MethodLayout, compare: bool = False):
         self.loaded, self.plan, self.layout, self.limits = loaded, plan, layout, loaded.limits
+        self.compare, self.comparisons = compare, []
         self.arenas = [_zeros(n) for n in layout.arena_bytes]
         constant = loaded.program.constant_segment
         self.const_data = loaded.segments[constant.segment_index] if constant else b""
@@ -191,28 +195,79 @@ class Execution:
         return pc + 1
 
     def _delegate(self, call: S.DelegateCall, pc: int, deadline: float) -> None:
-        delegate = self.plan.delegates[call.delegate_index]
-        if call.delegate_index not in self.layout.delegate_tosa:  # validation found no TOSA to run
-            raise self.loaded.no_tosa(delegate)
-        tosa, summary = self.layout.delegate_tosa[call.delegate_index]
+        index = call.delegate_index
+        delegate = self.plan.delegates[index]
+        npu, tosa = self.layout.delegate_npu.get(index), self.layout.delegate_tosa.get(index)
+        if npu is None and tosa is None:  # validation found no way to run it
+            raise self.loaded.no_tosa(delegate, index)
         args = [self._arg(i) for i in call.args]
-        n_in = len(summary.inputs)
+        n_in = len(npu.inputs) if npu is not None else len(tosa[1].inputs)
         ins, outs = args[:n_in], args[n_in:]
         orders = [list(self.plan.values[i].val.dim_order) or list(range(t.dim())) for i, t in zip(call.args, args)]
-        what = f"{self.loaded.name}: instruction {pc} (delegate {call.delegate_index}, {delegate.id})"
-        if self.loaded.isolate:
-            if self.refmodel is None:
-                self.refmodel = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
-            results = run_stored(tosa, ins, orders[:n_in], orders[n_in:],
-                                 lambda g, arrays: self.refmodel.run(g, arrays, what))
+        what = f"{self.loaded.name}: instruction {pc} (delegate {index}, {delegate.id})"
+        if npu is None:
+            results = self._tosa(tosa[0], ins, orders, deadline, what)
         else:
-            results = run_stored(tosa, ins, orders[:n_in], orders[n_in:])
+            results = self._npu(index, ins, outs, orders, deadline, what)
+            if self.compare and tosa is not None:
+                reference = self._tosa(tosa[0], ins, orders, deadline, what)
+                self.comparisons += [_compared(index, delegate.id, k, got, want.reshape(got.shape))
+                                     for k, (got, want) in enumerate(zip(results, reference))]
         try:
             for out, res in zip(outs, results, strict=True):
                 out.copy_(res.reshape(out.shape))
         except (RuntimeError, ValueError) as exc:
             raise TosakitError(f"{what}: its results do not fit the program's output tensors: {first_line(exc)}",
                                "the delegate's TOSA and the program disagree: re-export it") from None
+
+    def _child(self, deadline: float) -> IsolatedReferenceModel:
+        """The child process that runs this run's delegates for a file from anywhere (started on first use)."""
+        if self.refmodel is None:
+            self.refmodel = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
+        return self.refmodel
+
+    def _tosa(self, tosa: bytes, ins: list, orders: list, deadline: float, what: str) -> list[torch.Tensor]:
+        """The delegate's TOSA on the reference model (in the child process for files from anywhere)."""
+        in_orders, out_orders = orders[:len(ins)], orders[len(ins):]
+        if not self.loaded.isolate:
+            return run_stored(tosa, ins, in_orders, out_orders)
+        child = self._child(deadline)
+        return run_stored(tosa, ins, in_orders, out_orders, lambda g, arrays: child.run(g, arrays, what))
+
+    def _npu(self, index: int, ins: list, outs: list, orders: list, deadline: float,
+             what: str) -> list[torch.Tensor]:
+        """Delegate ``index``'s command stream on the simulator (in the child process for files from anywhere).
+        The I/O table's tensors are the call's tensors' bytes in their stored order (NHWC for channels-last
+        ones), as the device's driver copies them; the results come back in torch layout."""
+        payload = self.layout.delegate_npu[index]
+        arrays = [_stored(x, order).reshape(-1).view(torch.uint8).numpy().view(f"<i{t.elem_size}")
+                  for x, order, t in zip(ins, orders, payload.inputs)]
+        if self.loaded.isolate:
+            blob = self.loaded.delegate_payload(self.plan.delegates[index])
+            results = self._child(deadline).simulate(blob, arrays, what)
+        else:
+            try:
+                results = simulate(payload, arrays, deadline=deadline).outputs
+            except TosakitError as exc:  # name the program and the call, keep the kind (NpuAccessError, ...)
+                raise type(exc)(f"{what}: {exc.message}", exc.hint) from None
+        tensors = []
+        for res, out, order in zip(results, outs, orders[len(ins):]):
+            shape, raw = tuple(out.permute(order).shape), bytearray(np.ascontiguousarray(res).tobytes())
+            stored = (torch.frombuffer(raw, dtype=out.dtype).reshape(shape) if raw
+                      else torch.empty(shape, dtype=out.dtype))  # frombuffer refuses 0 bytes
+            tensors.append(stored.permute(tuple(np.argsort(order).tolist())))
+        return tensors
+
+
+def _stored(t: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """``t`` (torch layout) as its bytes are stored: permuted to its dim order, contiguous."""
+    return t.detach().permute(tuple(order)).contiguous()
+
+
+def _compared(index: int, backend: str, output: int, got: torch.Tensor, want: torch.Tensor) -> EngineComparison:
+    equal = int((got == want).sum())
+    diff = float((got.double() - want.double()).abs().max()) if got.numel() else 0.0
+    return EngineComparison(index, backend, output, got.numel(), equal, diff)
 
 
 def _zeros(nbytes: int) -> torch.Tensor:

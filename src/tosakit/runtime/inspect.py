@@ -6,6 +6,7 @@ from ..backends.ethosu.payload import parse_payload
 from ..program.schema import DelegateCall, KernelCall
 from .ethosu.commands import decode, disassemble
 from .program import LoadedProgram
+from .validate import MethodLayout
 
 
 def _kib(n: int) -> str:
@@ -43,9 +44,19 @@ def describe(loaded: LoadedProgram, size: int | None = None) -> str:
             if d.id == "EthosUBackend":
                 lines += _ethosu_lines(payload)
             lines.append(f"    TOSA for host runs: {'carried (--debug-info)' if loaded.carries_tosa(d) else 'not carried'}")
+            if d.id == "EthosUBackend":
+                lines.append(f"    host engine: {_engine(loaded.layouts[plan.name], k)}")
     for nd in prog.named_data or []:
         lines.append(f"named data {nd.key}: {_kib(len(loaded.segments[nd.segment_index]))}")
     return "\n".join(lines)
+
+
+def _engine(layout: MethodLayout, index: int) -> str:
+    if index in layout.delegate_npu:
+        return "npu (its command stream on the simulator)"
+    if index in layout.delegate_tosa:
+        return "tosa (its TOSA on the reference model)"
+    return "none (an Ethos-U85 stream is not simulated, and no TOSA is carried)"
 
 
 def _ethosu_lines(payload: bytes) -> list[str]:

@@ -1,5 +1,6 @@
 """The host runtime's entry: a .pte (ours or ExecuTorch's, from anywhere) read and validated whole, then
-run with ExecuTorch's CPU kernels (as PyTorch implements them) and delegates on the TOSA reference model."""
+run with ExecuTorch's CPU kernels (as PyTorch implements them), Ethos-U55/U65 delegates on the command-stream
+simulator and other delegates on the TOSA reference model."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 from ..errors import TosakitError
 from ..program import schema as S
 from ..program.pte import deserialize_pte, tosa_key
-from .validate import Limits, MethodLayout, delegate_payload, validate
+from .validate import Limits, MethodLayout, check_engine, delegate_payload, validate
+
+DEBUG_INFO_FIX = "recompile with `tosakit compile ... --debug-info` (Python: compile_spec.with_debug_info())"
 
 
 @dataclass(frozen=True)
@@ -28,15 +31,41 @@ class TensorSpec:
         return f"{S.ELEMENT_TYPES[self.scalar_type][0]}[{', '.join(map(str, self.shape))}]"
 
 
+@dataclass(frozen=True)
+class EngineComparison:
+    """One output of one Ethos-U delegate call computed both ways on the same inputs: the simulated command
+    stream (whose result the program goes on with) and the carried TOSA on the reference model."""
+
+    delegate: int
+    backend: str
+    output: int
+    values: int
+    equal: int
+    max_abs_diff: float
+
+    @property
+    def bit_exact(self) -> bool:
+        return self.equal == self.values
+
+    def __str__(self) -> str:
+        verdict = "bit-exact" if self.bit_exact else (f"{self.values - self.equal} differ, max |diff| "
+                                                      f"{self.max_abs_diff:g}")
+        return (f"delegate {self.delegate} ({self.backend}) output {self.output}: {self.equal} of {self.values} "
+                f"values equal ({verdict})")
+
+
 class LoadedProgram:
     """A .pte checked and ready to run: ``run([tensors]) -> [tensors]``.
 
-    ``isolate`` runs delegates' TOSA in a child process (for files from anywhere); tosakit's own fresh
-    programs may run it in this process."""
+    ``engine`` is how Ethos-U delegates run: "npu" on the command-stream simulator (Ethos-U55/U65), "tosa" from
+    the TOSA they carry (--debug-info) on the reference model; by default (None) the simulator whenever it runs
+    the stream, else the TOSA. Other delegates always run their TOSA. ``isolate`` runs delegates' TOSA in a
+    child process (for files from anywhere); tosakit's own fresh programs may run it in this process."""
 
     def __init__(self, data: bytes, name: str = "<bytes>", tosa: dict[str, bytes] | None = None,
-                 limits: Limits | None = None, isolate: bool = True):
-        self.name, self.limits, self.isolate = name, limits or Limits(), isolate
+                 limits: Limits | None = None, isolate: bool = True, engine: str | None = None):
+        check_engine(engine)
+        self.name, self.limits, self.isolate, self.engine = name, limits or Limits(), isolate, engine
         try:
             self.program, self.segments = deserialize_pte(data)
         except TosakitError as exc:
@@ -44,7 +73,8 @@ class LoadedProgram:
         self._tosa = dict(tosa or {})
         for nd in self.program.named_data or []:
             self._tosa.setdefault(nd.key, self.segments[nd.segment_index])
-        self.layouts: dict[str, MethodLayout] = validate(self.program, self.segments, self._tosa, self.limits, name)
+        self.layouts: dict[str, MethodLayout] = validate(self.program, self.segments, self._tosa, self.limits, name,
+                                                         engine)
 
     # -------------------------------------------------------------- description
 
@@ -77,11 +107,16 @@ class LoadedProgram:
         """Whether the host can run ``delegate``: a TOSA delegate, or one whose TOSA is carried (--debug-info)."""
         return delegate.id == "TOSABackend" or tosa_key(self.delegate_payload(delegate)) in self._tosa
 
-    def no_tosa(self, delegate: S.BackendDelegate) -> TosakitError:
-        """Why ``delegate`` cannot run on the host: the program carries no TOSA for it."""
-        return TosakitError(f"{self.name}: delegate {delegate.id} has no TOSA graph inside the program, so it "
-                            f"cannot run on the host",
-                            "recompile with `tosakit compile ... --debug-info` (Python: compile_spec.with_debug_info())")
+    def no_tosa(self, delegate: S.BackendDelegate, index: int) -> TosakitError:
+        """Why delegate ``index`` cannot run on the host: it must run its TOSA, and the program carries none."""
+        if delegate.id != "EthosUBackend":
+            why = ", so it cannot run on the host"
+        elif self.engine == "tosa":
+            why = " for the tosa engine to run"
+        else:
+            why = ", and its Ethos-U85 command stream is not simulated yet (the simulator runs Ethos-U55 and U65)"
+        return TosakitError(f"{self.name}: delegate {index} ({delegate.id}) has no TOSA graph inside the program{why}",
+                            DEBUG_INFO_FIX)
 
     # -------------------------------------------------------------- execution
 
@@ -91,9 +126,26 @@ class LoadedProgram:
 
         return Execution(self, self.plan(method), self.layouts[method]).run(list(inputs))
 
+    def run_and_compare(self, inputs, method: str = "forward") -> tuple[list, list[EngineComparison]]:
+        """``run``, with each Ethos-U delegate that runs on the simulator and carries its TOSA also run on the
+        reference model, on the same inputs: the outputs, and how each delegate output compares."""
+        from .execute import Execution
 
-def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None) -> LoadedProgram:
-    """Read and validate a .pte for running on the host."""
+        plan, layout = self.plan(method), self.layouts[method]
+        if not layout.delegate_npu.keys() & layout.delegate_tosa.keys():
+            if layout.delegate_npu:
+                raise TosakitError(f"{self.name}: its Ethos-U delegates carry no TOSA to compare the simulator's "
+                                   f"results with", DEBUG_INFO_FIX)
+            raise TosakitError(f"{self.name}: no delegate of method {method!r} runs on the Ethos-U simulator"
+                               + (" (engine 'tosa')" if self.engine == "tosa" else ""),
+                               "comparing the engines needs an Ethos-U55/U65 delegate run by the npu engine")
+        execution = Execution(self, plan, layout, compare=True)
+        return execution.run(list(inputs)), execution.comparisons
+
+
+def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,
+         engine: str | None = None) -> LoadedProgram:
+    """Read and validate a .pte for running on the host, Ethos-U delegates on ``engine`` (see LoadedProgram)."""
     path = Path(path)
     if not path.is_file():
         raise TosakitError(f"{path} not found" if not path.exists() else f"{path} is not a file",
@@ -107,4 +159,4 @@ def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits 
         data = path.read_bytes()
     except OSError as exc:
         raise TosakitError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
-    return LoadedProgram(data, str(path), tosa, limits)
+    return LoadedProgram(data, str(path), tosa, limits, engine=engine)

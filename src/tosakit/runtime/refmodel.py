@@ -1,8 +1,10 @@
 """The TOSA reference model: in this process for graphs tosakit just built, or — for graphs read from a
-file — in a child process whose crash, runaway memory or hang cannot take the user's process with it.
+file — in a child process whose crash, runaway memory or hang cannot take the user's process with it. The
+same child runs a file's Ethos-U payloads on the simulator, whose weight decoder (Vela's codec) is native
+code too: it ends its process on some damaged streams.
 
-The child (``python -m tosakit.runtime.refmodel``) imports numpy and the reference model only; requests and
-replies are .npz files (never pickles) behind an 8-byte length, over its stdin and stdout."""
+The child (``python -m tosakit.runtime.refmodel``) imports numpy, the reference model and the simulator only;
+requests and replies are .npz files (never pickles) behind an 8-byte length, over its stdin and stdout."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 
 import numpy as np
 
-from ..errors import TosakitError
+from ..errors import TosakitError, first_line
 from ..native import captured_output
 
 _LENGTH = struct.Struct("<Q")
@@ -53,7 +55,7 @@ def _unpack(data: bytes) -> dict[str, np.ndarray]:
 
 
 class IsolatedReferenceModel:
-    """A child process running TOSA graphs, with an address-space limit and a deadline per call."""
+    """A child process running TOSA graphs and Ethos-U payloads, with an address-space limit and a deadline."""
 
     def __init__(self, max_memory: int, deadline: float):
         self.max_memory, self.deadline = max_memory, deadline
@@ -62,39 +64,58 @@ class IsolatedReferenceModel:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 
     def run(self, tosa: bytes, inputs: list[np.ndarray], what: str) -> list[np.ndarray]:
-        request = {"tosa": np.frombuffer(tosa, dtype=np.uint8)}
-        request.update({f"in{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs)})
-        try:
-            self.proc.stdin.write(_pack(request))
-            self.proc.stdin.flush()
-            header = self._read(_LENGTH.size, what)
-            reply = _unpack(self._read(_LENGTH.unpack(header)[0], what))
-        except (BrokenPipeError, EOFError):
-            raise self._died(what) from None
+        """``tosa`` on the reference model."""
+        reply = self._call({"tosa": np.frombuffer(tosa, dtype=np.uint8)}, inputs, what, "the TOSA reference model")
         if "error" in reply:
             raise TosakitError(f"{what}: {reply['error'].item()}", "the delegate's TOSA does not fit its inputs: "
                                "re-export the program")
         return [reply[f"out{k}"] for k in range(len(reply))]
 
-    def _read(self, n: int, what: str) -> bytes:
+    def simulate(self, payload: bytes, inputs: list[np.ndarray], what: str) -> list[np.ndarray]:
+        """An Ethos-U delegate ``payload`` (its bytes, checked by validation) on the simulator; its errors keep
+        their kind (NpuAccessError, ...), a fault in the simulator itself is a RuntimeError."""
+        from .ethosu.memory import NpuAccessError
+        from .ethosu.npu import UnsupportedCommandError
+
+        request = {"payload": np.frombuffer(payload, dtype=np.uint8), "deadline": np.array(self.deadline)}
+        reply = self._call(request, inputs, what, "the Ethos-U simulator")
+        if "bug" in reply:
+            raise RuntimeError(f"{what}: the Ethos-U simulator failed: {reply['bug'].item()}")
+        if "error" in reply:
+            kind = {"NpuAccessError": NpuAccessError, "UnsupportedCommandError": UnsupportedCommandError}.get(
+                reply["kind"].item(), TosakitError)
+            raise kind(f"{what}: {reply['error'].item()}", reply["hint"].item() or None)
+        return [reply[f"out{k}"] for k in range(len(reply))]
+
+    def _call(self, request: dict, inputs: list[np.ndarray], what: str, engine: str) -> dict[str, np.ndarray]:
+        request.update({f"in{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs)})
+        try:
+            self.proc.stdin.write(_pack(request))
+            self.proc.stdin.flush()
+            header = self._read(_LENGTH.size, what, engine)
+            return _unpack(self._read(_LENGTH.unpack(header)[0], what, engine))
+        except (BrokenPipeError, EOFError):
+            raise self._died(what, engine) from None
+
+    def _read(self, n: int, what: str, engine: str) -> bytes:
         out = bytearray()
         while len(out) < n:
             left = self.deadline - time.monotonic()
             if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
                 self.close()
-                raise TosakitError(f"{what}: the TOSA reference model did not finish within the time limit",
-                                   "raise it (tosakit run --timeout) if the graph is that large")
+                raise TosakitError(f"{what}: {engine} did not finish within the time limit",
+                                   "raise it (tosakit run --timeout) if the delegate is that large")
             chunk = os.read(self.proc.stdout.fileno(), min(n - len(out), 1 << 20))
             if not chunk:
                 raise EOFError
             out += chunk
         return bytes(out)
 
-    def _died(self, what: str) -> TosakitError:
+    def _died(self, what: str, engine: str) -> TosakitError:
         code = self.proc.wait()
         cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-        return TosakitError(f"{what}: the TOSA reference model stopped ({cause}) on this delegate's graph, which "
-                            f"passed tosakit's checks; the {self.max_memory}-byte memory limit may be too small",
+        return TosakitError(f"{what}: {engine} stopped ({cause}) on this delegate, which passed tosakit's checks; "
+                            f"the delegate may be damaged, or the {self.max_memory}-byte memory limit too small",
                             "raise --max-memory if you trust the file, else report it to tosakit")
 
     def close(self) -> None:
@@ -108,24 +129,50 @@ class IsolatedReferenceModel:
                 pass
 
 
+def _simulate(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
+    from ..backends.ethosu.payload import parse_payload
+    from .ethosu.simulate import simulate
+
+    with captured_output((1, 2)):  # stdout is the reply pipe: nothing native may print to it
+        return simulate(parse_payload(request["payload"].tobytes()), inputs,
+                        deadline=float(request["deadline"])).outputs
+
+
+def _reply(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run one request: its outputs, or its error with the error's hint and kind; a fault of the simulator
+    itself (not of its input) as ``bug``."""
+    inputs = [request[f"in{k}"] for k in range(sum(key.startswith("in") for key in request))]
+    try:
+        outputs = _simulate(request, inputs) if "payload" in request else run_tosa(request["tosa"].tobytes(), inputs)
+    except TosakitError as exc:
+        return _error(exc.message, exc.hint or "", type(exc).__name__)
+    except MemoryError:
+        return _error("the delegate needs more memory than the limit allows",
+                      "raise the limit (tosakit run --max-memory) if you trust the file")
+    except Exception as exc:  # noqa: BLE001
+        if "payload" not in request:
+            raise  # the reference model's own fault ends the child, as it always has: the parent reports that
+        return {"bug": np.array(f"{type(exc).__name__}: {first_line(exc)}")}
+    return {f"out{k}": o for k, o in enumerate(outputs)}
+
+
+def _error(message: str, hint: str = "", kind: str = "TosakitError") -> dict[str, np.ndarray]:
+    return {"error": np.array(message), "hint": np.array(hint), "kind": np.array(kind)}
+
+
 def _serve(max_memory: int) -> None:
     """The child: run each request, reply with its outputs or its error."""
     import tosa_reference_model  # noqa: F401  (loaded before the address space is capped)
+    from ethosu import mlw_codec  # noqa: F401
+
+    from .ethosu.simulate import simulate  # noqa: F401
 
     if os.path.exists("/proc/self/statm"):  # Linux: cap the address space at what is mapped now + the limit
         soft = _vm_bytes() + max_memory
         resource.setrlimit(resource.RLIMIT_AS, (soft, soft))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while header := stdin.read(_LENGTH.size):
-        request = _unpack(stdin.read(_LENGTH.unpack(header)[0]))
-        inputs = [request[f"in{k}"] for k in range(len(request) - 1)]
-        try:
-            reply = {f"out{k}": o for k, o in enumerate(run_tosa(request["tosa"].tobytes(), inputs))}
-        except TosakitError as exc:
-            reply = {"error": np.array(exc.message)}
-        except MemoryError:
-            reply = {"error": np.array("the graph needs more memory than the limit allows")}
-        stdout.write(_pack(reply))
+        stdout.write(_pack(_reply(_unpack(stdin.read(_LENGTH.unpack(header)[0])))))
         stdout.flush()
 
 

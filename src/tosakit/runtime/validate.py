@@ -2,22 +2,28 @@
 verification, always on, and more): every index in range, every value of the kind its use needs, only
 the ExecuTorch CPU kernels with their schemas, tensors inside their arenas, jumps that terminate, memory
 within what the file's plan states and the user's ceiling, delegate payloads parsed and their TOSA
-checked before native code reads it. Imports no torch: a bad file is refused in a fraction of a second."""
+checked before native code reads it, Ethos-U command streams decoded. Imports no torch: a bad file is refused in
+a fraction of a second."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from ..backends.ethosu.payload import parse_payload
-from ..errors import TosakitError
+from ..backends.ethosu.payload import EthosUPayload, parse_payload
+from ..errors import TosakitError, did_you_mean
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from ..program.pte import tosa_key
+from .ethosu.commands import DA_CONFIG, FOURCC, PRODUCTS, decode
+from .ethosu.simulate import FAST_SCRATCH_BYTES
 from .tosa_check import TosaSummary, check_tosa
 
 FIX = "the file is damaged or was not written for ExecuTorch's runtime: re-export the model"
 HOST_DELEGATES = ("TOSABackend", "EthosUBackend", "VgfBackend")
+# How an Ethos-U delegate runs on the host: its command stream on the simulator, or its carried TOSA on the
+# reference model. By default (None): the simulator for Ethos-U55/U65 streams, TOSA for Ethos-U85 ones.
+ENGINES = ("npu", "tosa")
 MAX_RANK = 16
 # element types the host runtime computes with (quantized and float8 storage types are not kernel inputs)
 RUNNABLE = {S.ScalarType.BYTE, S.ScalarType.CHAR, S.ScalarType.SHORT, S.ScalarType.INT, S.ScalarType.LONG,
@@ -33,17 +39,19 @@ TOSA_IO_TYPES = {"BOOL": S.ScalarType.BOOL, "INT8": S.ScalarType.CHAR, "INT16": 
 class Limits:
     """What a program from a file may claim (``tosakit run --max-memory --timeout``)."""
 
-    max_memory: int = 1 << 30  # bytes: arenas in use, unplanned tensors, a delegate's TOSA tensors
+    max_memory: int = 1 << 30  # bytes: arenas in use, unplanned tensors, a delegate's TOSA tensors or NPU regions
     timeout: float = 600.0  # seconds for one run
     max_steps: int = 10_000_000  # instructions executed in one run (loops)
 
 
 @dataclass
 class MethodLayout:
-    """What validation learned about a method, for running it: arena bytes in use and each delegate's TOSA."""
+    """What validation learned about a method, for running it: arena bytes in use, each delegate's TOSA and the
+    Ethos-U delegates that run on the simulator."""
 
     arena_bytes: list[int]
     delegate_tosa: dict[int, tuple[bytes, TosaSummary]] = field(default_factory=dict)  # checked graph, its I/O
+    delegate_npu: dict[int, EthosUPayload] = field(default_factory=dict)  # payloads whose stream decodes
     memory: int = 0
 
 
@@ -55,8 +63,9 @@ class _Method:
     """Checks one execution plan; every error names the method and the value or instruction."""
 
     def __init__(self, plan: S.ExecutionPlan, program: S.Program, segments: list[bytes], tosa: dict[str, bytes],
-                 limits: Limits, name: str):
+                 limits: Limits, name: str, engine: str | None):
         self.plan, self.program, self.segments, self.tosa, self.limits = plan, program, segments, tosa, limits
+        self.engine = engine
         self.where = f"{name}: method {plan.name!r}"
         self.values = plan.values
         self.constants: set[int] = set()
@@ -248,7 +257,7 @@ class _Method:
             self.expect(i, ("Tensor",), f"{what} argument {k}")
         payload = delegate_payload(self.program, self.segments, delegate)
         if delegate.id == "EthosUBackend":
-            self.ethosu(what, payload, call.args)
+            self.ethosu(what, payload, call.args, call.delegate_index, layout)
         tosa = payload if delegate.id == "TOSABackend" else self.tosa.get(tosa_key(payload))
         if tosa is not None:
             summary = check_tosa(tosa, f"of {self.where}, {what}", self.limits.max_memory - layout.memory)
@@ -256,7 +265,9 @@ class _Method:
             layout.delegate_tosa[call.delegate_index] = (tosa, summary)
         return set(call.args)
 
-    def ethosu(self, what: str, payload: bytes, args: list[int]) -> None:
+    def ethosu(self, what: str, payload: bytes, args: list[int], index: int, layout: MethodLayout) -> None:
+        """Check the payload, its I/O table against the call, and its command stream; note whether the delegate
+        runs on the simulator (the engine's choice), whose memory must fit the limit."""
         try:
             p = parse_payload(payload)
         except TosakitError as exc:
@@ -268,6 +279,25 @@ class _Method:
             need, have = math.prod(t.shape) * t.elem_size, tensor_nbytes(self.values[i].val)
             if need != have:
                 raise self.fail(f"{what}: tensor {k} of the payload is {need} bytes, value {i} holds {have}")
+        if _names_u85(p.cmd_data):
+            if self.engine == "npu":
+                raise self.fail(f"{what}: its command stream is for an Ethos-U85, which the simulator does not run yet "
+                                "(it runs Ethos-U55 and U65)",
+                                "run the delegate's TOSA instead: --engine tosa (compiled with --debug-info)")
+            return
+        try:
+            decode(p.cmd_data)
+        except TosakitError as exc:
+            raise self.fail(f"{what}: {exc.message}", exc.hint) from None
+        if self.engine == "tosa":
+            return
+        need = p.scratch_size + len(p.weight_data) + FAST_SCRATCH_BYTES
+        if layout.memory + need > self.limits.max_memory:
+            raise self.fail(f"{what}: simulating it needs {need} bytes (scratch {p.scratch_size}, weights "
+                            f"{len(p.weight_data)}, fast scratch {FAST_SCRATCH_BYTES}), more than the "
+                            f"{self.limits.max_memory - layout.memory} bytes the {self.limits.max_memory}-byte memory "
+                            f"limit leaves", "raise the limit (tosakit run --max-memory) if you trust the file")
+        layout.delegate_npu[index] = p
 
     def tosa_io(self, what: str, summary: TosaSummary, args: list[int]) -> None:
         ios = summary.inputs + summary.outputs
@@ -292,7 +322,24 @@ def delegate_payload(program: S.Program, segments: list[bytes], delegate: S.Back
     return segments[ref.index]
 
 
+def _names_u85(cmd_data: bytes) -> bool:
+    """Whether an Ethos-U ``cmd_data`` is a stream for an Ethos-U85 (which the simulator does not run): its
+    driver header starts with a config action naming that product, as Vela writes it."""
+    if len(cmd_data) < 12 or cmd_data[:4] != FOURCC:
+        return False
+    action, config = int.from_bytes(cmd_data[4:8], "little"), int.from_bytes(cmd_data[8:12], "little")
+    return action & 0xFF == DA_CONFIG and PRODUCTS.get(config >> 28) == "ethos-u85"
+
+
+def check_engine(engine: str | None) -> None:
+    """Refuse an engine name other than "npu", "tosa" or None (the default)."""
+    if engine is not None and engine not in ENGINES:
+        raise TosakitError(f"unknown engine {engine!r}", did_you_mean(str(engine), ENGINES))
+
+
 def validate(program: S.Program, segments: list[bytes], tosa: dict[str, bytes], limits: Limits,
-             name: str) -> dict[str, MethodLayout]:
-    """Check every method of a read program; what each needs to run, or a TosakitError naming the fault."""
-    return {plan.name: _Method(plan, program, segments, tosa, limits, name).check() for plan in program.execution_plan}
+             name: str, engine: str | None = None) -> dict[str, MethodLayout]:
+    """Check every method of a read program; what each needs to run (with Ethos-U delegates on ``engine``, see
+    ENGINES), or a TosakitError naming the fault."""
+    return {plan.name: _Method(plan, program, segments, tosa, limits, name, engine).check()
+            for plan in program.execution_plan}

@@ -26,11 +26,12 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from ..capture import capture, export
+from ..errors import TosakitError
 from ..lower import lower_partition, prepare_program
 from ..program import EdgeProgramManager, ExecutorchProgramManager, LoweredBackendModule, tosa_key
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import QParams, is_dequantize, is_quantize, qparams_of
-from .program import LoadedProgram
+from .program import EngineComparison, LoadedProgram
 from .reference import ExactInterpreter, evaluate_exact, run_stored
 
 aten = torch.ops.aten
@@ -122,6 +123,10 @@ class VerifyReport:
     outputs: list[OutputReport]
     layers: list[LayerReport] = field(default_factory=list)
     quantized_inputs: list[InputReport] = field(default_factory=list)
+    # each Ethos-U delegate output the program computed on the NPU simulator, against its TOSA; or why the
+    # simulator stopped (the program then ran its delegates' TOSA)
+    engines: list[EngineComparison] = field(default_factory=list)
+    npu_error: str | None = None
 
     @property
     def first_divergent_layer(self) -> LayerReport | None:
@@ -167,6 +172,14 @@ class VerifyReport:
                 top = "-" if a.top1 is None else ("yes" if a.top1 else "NO")
                 lines.append(f"{f'{o.index} {list(o.shape)}':<18}{name:<14}{a.max_abs_error:>12.4g}"
                              f"{_db(a.snr_db):>9}{a.cosine:>10.5f}{top:>7}")
+        if self.npu_error:
+            lines.append(f"Ethos-U command streams on the NPU simulator: stopped ({self.npu_error}); the figures "
+                         f"above are the delegates' TOSA on the reference model")
+        if self.engines:
+            exact = sum(c.bit_exact for c in self.engines)
+            lines.append(f"Ethos-U command streams run on the NPU simulator: {exact} of {len(self.engines)} delegate "
+                         f"output(s) bit-exact with their TOSA on the reference model")
+            lines += [f"  npu vs tosa: {c}" for c in self.engines if not c.bit_exact]
         if self.layers:
             bad = self.first_divergent_layer
             worst = min((layer for layer in self.layers if layer.vs_float), key=lambda l: l.vs_float.snr_db,
@@ -645,11 +658,22 @@ def _layer_row(delegate: str, node, value, got: torch.Tensor, original: GraphMod
 def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: tuple,
            float_model: torch.nn.Module | None = None, fake_quant: GraphModule | None = None,
            layers: bool = False) -> VerifyReport:
-    """Run the emitted program on the host and compare it with float PyTorch and the fake-quantized
-    model (``convert_pt2e`` output, evaluated exactly: see ``ExactInterpreter``)."""
+    """Run the emitted program on the host (Ethos-U55/U65 delegates on the NPU simulator, each also on its TOSA
+    to compare) and compare it with float PyTorch and the fake-quantized model (``convert_pt2e`` output,
+    evaluated exactly: see ``ExactInterpreter``)."""
     tosa = {tosa_key(m.processed_bytes): m.tosa for m in edge.program.graph_module.children()
             if isinstance(m, LoweredBackendModule)}
-    got = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False).run(list(inputs))
+    loaded = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False)
+    engines, npu_error = [], None
+    if loaded.layouts["forward"].delegate_npu:  # each one carries its TOSA here
+        try:
+            got, engines = loaded.run_and_compare(list(inputs))
+        except TosakitError as exc:  # a finding to show, not a reason to refuse the program: verify its TOSA
+            npu_error = exc.message
+            got = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False, engine="tosa").run(
+                list(inputs))
+    else:
+        got = loaded.run(list(inputs))
     with torch.no_grad():
         floats = _as_tuple(float_model(*inputs)) if float_model is not None else None
     fakes = evaluate_exact(fake_quant, *inputs) if fake_quant is not None else None
@@ -663,7 +687,7 @@ def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: 
     float_ref = (float_reference(float_model, inputs, quantized=fake_quant is not None)
                  if (layers and float_model is not None) else None)
     rows, quantized_inputs = _reports(edge, inputs, float_ref, layers)
-    return VerifyReport(outputs, rows, quantized_inputs)
+    return VerifyReport(outputs, rows, quantized_inputs, engines, npu_error)
 
 
 def _same_kind(got: torch.Tensor, ref) -> bool:

@@ -61,7 +61,8 @@ class Memory:
             lo, hi = int(addresses.min()), int(addresses.max()) + nbytes
             raise NpuAccessError(
                 f"{self.where} {verb} bytes [{lo:#x}, {hi:#x}) of {region.name}, which holds {region.data.size:#x} bytes",
-                "the payload's command stream and its region sizes disagree: recompile the program")
+                "on a device this command would touch memory outside what Vela planned for the delegate: do not "
+                "deploy this program; `--engine tosa` runs its TOSA instead (and please report the model)")
 
     def read(self, index: int, addresses: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """The ``dtype`` values at byte ``addresses`` (any shape) of region ``index``."""
