@@ -192,7 +192,7 @@ def test_header_faults():
     _fails(b"COP1" + struct.pack("<2I", 0x00100001, U55_128_CONFIG), "byte 0x4", "lacks its config and id words")
     _fails(b"COP1" + struct.pack("<I", 0x03), "byte 0x4", "driver action 3")
     _fails(_cmd_data([STOP])[:-8], "no command stream")
-    _fails(_cmd_data([STOP], config=0x20001807), "Ethos-U85 command streams are not decoded yet")
+    _fails(_cmd_data([STOP], config=0x20001807), "an Ethos-U85 command stream, which the simulator does not run yet")
     _fails(_cmd_data([STOP], config=0x00001800 | 15), "32768 MACs per cycle")
     with pytest.raises(TosakitError, match="compiled for ethos-u55-128, not ethos-u65-256"):
         decode(_cmd_data([STOP]), "ethos-u65-256")

@@ -15,7 +15,7 @@ from ..errors import TosakitError, did_you_mean
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from ..program.pte import tosa_key
-from .ethosu.commands import DA_CONFIG, FOURCC, PRODUCTS, decode
+from .ethosu.commands import NotSimulatedError, decode
 from .ethosu.simulate import FAST_SCRATCH_BYTES
 from .tosa_check import TosaSummary, check_tosa
 
@@ -279,14 +279,13 @@ class _Method:
             need, have = math.prod(t.shape) * t.elem_size, tensor_nbytes(self.values[i].val)
             if need != have:
                 raise self.fail(f"{what}: tensor {k} of the payload is {need} bytes, value {i} holds {have}")
-        if _names_u85(p.cmd_data):
-            if self.engine == "npu":
-                raise self.fail(f"{what}: its command stream is for an Ethos-U85, which the simulator does not run yet "
-                                "(it runs Ethos-U55 and U65)",
-                                "run the delegate's TOSA instead: --engine tosa (compiled with --debug-info)")
-            return
         try:
             decode(p.cmd_data)
+        except NotSimulatedError as exc:  # well-formed, not simulated (an Ethos-U85 stream)
+            if self.engine == "npu":
+                raise self.fail(f"{what}: {exc.message}",
+                                "run the delegate's TOSA instead: --engine tosa (compiled with --debug-info)") from None
+            return
         except TosakitError as exc:
             raise self.fail(f"{what}: {exc.message}", exc.hint) from None
         if self.engine == "tosa":
@@ -320,15 +319,6 @@ def delegate_payload(program: S.Program, segments: list[bytes], delegate: S.Back
     if ref.location == S.DataLocation.INLINE:
         return program.backend_delegate_data[ref.index].data
     return segments[ref.index]
-
-
-def _names_u85(cmd_data: bytes) -> bool:
-    """Whether an Ethos-U ``cmd_data`` is a stream for an Ethos-U85 (which the simulator does not run): its
-    driver header starts with a config action naming that product, as Vela writes it."""
-    if len(cmd_data) < 12 or cmd_data[:4] != FOURCC:
-        return False
-    action, config = int.from_bytes(cmd_data[4:8], "little"), int.from_bytes(cmd_data[8:12], "little")
-    return action & 0xFF == DA_CONFIG and PRODUCTS.get(config >> 28) == "ethos-u85"
 
 
 def check_engine(engine: str | None) -> None:

@@ -20,6 +20,11 @@ PRODUCTS = {0: "ethos-u55", 1: "ethos-u65", 2: "ethos-u85"}
 _FIX = "the command stream is damaged or was not written by Vela: compile the model again"
 
 
+class NotSimulatedError(TosakitError):
+    """A well-formed stream (or command) the simulator does not run yet: an Ethos-U85 stream, an operation
+    mode not implemented. Unlike damage, running the delegate's TOSA instead is a way out."""
+
+
 def _bits(word: int, lsb: int, width: int) -> int:
     return (word >> lsb) & ((1 << width) - 1)
 
@@ -47,7 +52,8 @@ class AcceleratorConfig:
             raise TosakitError(f"{where}: the config word {config:#010x} names unknown NPU product "
                                f"{_bits(config, 28, 4)}", _FIX)
         if product == "ethos-u85":
-            raise TosakitError(f"{where}: Ethos-U85 command streams are not decoded yet: only Ethos-U55 and U65 are",
+            raise NotSimulatedError(f"{where}: an Ethos-U85 command stream, which the simulator does not run yet "
+                                    "(it runs Ethos-U55 and U65)",
                                "inspect or simulate an ethos-u55 or ethos-u65 program")
         found = cls(product, 1 << _bits(config, 0, 4), _bits(config, 8, 8), _bits(config, 4, 4),
                     bool(_bits(config, 27, 1)), (_bits(ident, 28, 4), _bits(ident, 20, 8), _bits(ident, 16, 4)))

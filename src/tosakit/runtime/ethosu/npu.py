@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import TosakitError
 from . import numerics
+from .commands import NotSimulatedError
 from .featuremap import FeatureMap, Registers
 from .memory import Memory
 from .weights import decode_scales, decode_weights
@@ -31,7 +32,7 @@ def operation(name: str):
     return register
 
 
-class UnsupportedCommandError(TosakitError):
+class UnsupportedCommandError(NotSimulatedError):
     """A command the simulator does not execute (yet)."""
 
 
