@@ -281,6 +281,9 @@ def elementwise(npu: Npu, command) -> None:
                      npu.value("OPA_SCALE", "shift"), npu.value("OPB_SCALE", "scale")),
         round_modes=(npu.name("IFM_PRECISION", "round_mode"), npu.name("OFM_PRECISION", "round_mode")),
         ofm_scale=(npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")), bits=ifm.bits)
+    if out is None:
+        raise UnsupportedCommandError(f"{npu.memory.where}: elementwise mode {mode} is not simulated yet",
+                                      "run the program's TOSA instead (tosakit run --engine tosa)")
     ofm.write(npu.memory, npu.activation(out + ofm.zero_point, ofm))
 
 

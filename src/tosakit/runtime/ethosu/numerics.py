@@ -51,18 +51,13 @@ def _times(a: np.ndarray, b) -> np.ndarray:
     return a * b
 
 
-def _clz32(x: np.ndarray) -> np.ndarray:
-    """Leading zeros of each value's 32-bit two's complement."""
-    u = np.asarray(x, np.int64) & 0xFFFFFFFF
-    return np.where(u == 0, 32, 32 - np.floor(np.log2(np.maximum(u, 1))).astype(np.int64) - 1)
-
-
 def elementwise(mode: str, a: np.ndarray, b: np.ndarray | None, *, zero_points: tuple[int, int],
                 input_scale: tuple[str, int, int, int], round_modes: tuple[str, str], ofm_scale: tuple[int, int],
-                bits: int) -> np.ndarray:
+                bits: int) -> np.ndarray | None:
     """One elementwise operation on operands A and B (B None for unary modes), before the OFM zero point and
     the activation. ``input_scale`` is (IFM scale mode, OPA scale, OPA shift, OPB scale), ``round_modes`` the
-    IFM's (input scaling) and OFM's, ``ofm_scale`` (scale, shift), ``bits`` the IFM precision."""
+    IFM's (input scaling) and OFM's, ``ofm_scale`` (scale, shift), ``bits`` the IFM precision. None for a mode
+    not simulated."""
     a = np.asarray(a, np.int64) - zero_points[0]
     if b is not None:
         b = np.asarray(b, np.int64) - zero_points[1]
@@ -86,14 +81,6 @@ def elementwise(mode: str, a: np.ndarray, b: np.ndarray | None, *, zero_points: 
         c = np.abs(a)
     elif name == "LRELU":
         return np.where(a < 0, scale_output(a, *ofm_scale, round_modes[1]), a)
-    elif name == "CLZ":
-        return _clz32(a)
-    elif name == "SHL":
-        return (a << np.clip(b, 0, 63)).astype(np.int64)
-    elif name == "SHR":
-        shift = np.clip(b, 0, 63)
-        half = np.where(shift > 0, np.left_shift(1, np.maximum(shift - 1, 0)), 0)
-        return (a + half) >> shift if round_modes[1].endswith("NATURAL") else a >> shift
     else:
-        raise ValueError(f"unknown elementwise mode {mode}")
+        return None  # CLZ, SHL, SHR: no stream in the tests uses them, so no rule here is proven yet
     return scale_output(np.asarray(c), *ofm_scale, round_modes[1])
