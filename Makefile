@@ -2,7 +2,9 @@
 # make test: set up .venv and the ExecuTorch oracle venv, then run the whole test suite.
 # make test-any-machine: the numerical tests (marker numerics) once per setting in ANY_MACHINE,
 #   each a way another machine sums floats (thread count, ATen's ISA); fails naming the settings that failed.
-# make fuzz: the full mutation sweep, then coverage-guided fuzzing for FUZZ_SECONDS (default 600).
+# make fuzz: the full mutation sweeps (FUZZ_CASES damaged .pte files, then as many damaged Ethos-U payloads
+#   through the simulator), then coverage-guided fuzzing for FUZZ_SECONDS (default 600) in all: half on
+#   .pte files, half on Ethos-U payloads through the simulator.
 PYTHON ?= python3
 VENV := .venv
 ORACLE := .venv-oracle
@@ -53,9 +55,12 @@ FUZZ_CASES ?= 8000
 fuzz: $(STAMP)
 	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[fuzz]'
 	$(VENV)/bin/python fuzz/sweep.py --cases $(FUZZ_CASES)
-	@mkdir -p fuzz/corpus/live fuzz/findings
-	$(VENV)/bin/python fuzz/target.py -max_total_time=$(FUZZ_SECONDS) -timeout=60 -rss_limit_mb=3072 \
+	$(VENV)/bin/python fuzz/npu_sweep.py --cases $(FUZZ_CASES)
+	@mkdir -p fuzz/corpus/live fuzz/corpus/npu-live fuzz/findings
+	$(VENV)/bin/python fuzz/target.py -max_total_time=$$(($(FUZZ_SECONDS) / 2)) -timeout=60 -rss_limit_mb=3072 \
 		-artifact_prefix=fuzz/findings/ fuzz/corpus/live fuzz/corpus/seeds
+	$(VENV)/bin/python fuzz/target_npu.py -max_total_time=$$(($(FUZZ_SECONDS) - $(FUZZ_SECONDS) / 2)) -timeout=20 \
+		-rss_limit_mb=1024 -artifact_prefix=fuzz/findings/npu- fuzz/corpus/npu-live fuzz/corpus/npu-seeds
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/run.py $(BENCH_ARGS)

@@ -1,6 +1,7 @@
 """The valid programs the fuzzers damage: small, fast to run, and together covering every part of a .pte
 the host runtime reads — CPU kernels of every value kind, quantized I/O, and TOSA, Ethos-U (U55, U85)
-and VGF delegates with their carried TOSA."""
+and VGF delegates with their carried TOSA; and the Ethos-U delegate payloads the simulator's fuzzers
+damage (convolution, depthwise, pooling, elementwise with LUTs, DMA, fast scratch, int16)."""
 
 from __future__ import annotations
 
@@ -68,4 +69,44 @@ def build_seeds(folder: Path) -> list[Path]:
             compiled = compile(model, inputs, spec, quantize=quantize, delegate=delegate)
             write_atomic(path, compiled.program.buffer)
         paths.append(path)
+    return paths
+
+
+# name -> (built-in model, target, memory mode, 16-bit activations): together every operation family the
+# simulator runs, every region, both OFM micro-block depths
+NPU_SEEDS = {
+    "digits_u55_128": ("digits", "ethos-u55-128", None, False),
+    "softmax_u55_128": ("softmax", "ethos-u55-128", None, False),
+    "waves_u65_256_dedicated": ("waves", "ethos-u65-256", "Dedicated_Sram", False),
+    "audio1d_u55_256_sram_only": ("audio1d", "ethos-u55-256", "Sram_Only", False),
+    "digits_a16w8_u55_64": ("digits", "ethos-u55-64", None, True),
+}
+
+
+def build_npu_seeds(folder: Path, names=tuple(NPU_SEEDS)) -> list[Path]:
+    """Write the Ethos-U delegate payloads of the NPU seeds ``names`` into ``folder`` (kept when already
+    there); their paths (one per delegate: ``<name>.bin``, ``<name>-<k>.bin`` after the first)."""
+    from tosakit.program import LoweredBackendModule
+    from tosakit.quantize import get_symmetric_a16w8_quantization_config
+    from tosakit.specs import EthosUCompileSpec
+    from tosakit.zoo import MODELS
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        model_name, target, memory_mode, a16w8 = NPU_SEEDS[name]
+        found = sorted(folder.glob(f"{name}.bin")) + sorted(folder.glob(f"{name}-*.bin"))
+        if not found:
+            torch.manual_seed(0)
+            model, inputs = MODELS[model_name].factory()
+            options = {"config": get_symmetric_a16w8_quantization_config()} if a16w8 else {}
+            compiled = compile(model.eval(), inputs, EthosUCompileSpec(target, memory_mode=memory_mode),
+                               quantize=True, calibration=[inputs], **options)
+            blobs = [m.processed_bytes for m in compiled.edge.program.graph_module.children()
+                     if isinstance(m, LoweredBackendModule) and m.backend_id == "EthosUBackend"]
+            for k, blob in enumerate(blobs):
+                path = folder / (f"{name}.bin" if k == 0 else f"{name}-{k}.bin")
+                write_atomic(path, blob)
+                found.append(path)
+        paths += found
     return paths

@@ -163,7 +163,6 @@ def _error(message: str, hint: str = "", kind: str = "TosakitError") -> dict[str
 def _serve(max_memory: int) -> None:
     """The child: run each request, reply with its outputs or its error."""
     import tosa_reference_model  # noqa: F401  (loaded before the address space is capped)
-    from ethosu import mlw_codec  # noqa: F401
 
     from .ethosu.simulate import simulate  # noqa: F401
 

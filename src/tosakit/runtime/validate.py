@@ -16,7 +16,7 @@ from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from ..program.pte import tosa_key
 from .ethosu.commands import NotSimulatedError, decode
-from .ethosu.simulate import FAST_SCRATCH_BYTES
+from .ethosu.simulate import FAST_SCRATCH_BYTES, memory_needed
 from .tosa_check import TosaSummary, check_tosa
 
 FIX = "the file is damaged or was not written for ExecuTorch's runtime: re-export the model"
@@ -290,12 +290,12 @@ class _Method:
             raise self.fail(f"{what}: {exc.message}", exc.hint) from None
         if self.engine == "tosa":
             return
-        need = p.scratch_size + len(p.weight_data) + FAST_SCRATCH_BYTES
+        need = memory_needed(p)
         if layout.memory + need > self.limits.max_memory:
             raise self.fail(f"{what}: simulating it needs {need} bytes (scratch {p.scratch_size}, weights "
-                            f"{len(p.weight_data)}, fast scratch {FAST_SCRATCH_BYTES}), more than the "
-                            f"{self.limits.max_memory - layout.memory} bytes the {self.limits.max_memory}-byte memory "
-                            f"limit leaves", "raise the limit (tosakit run --max-memory) if you trust the file")
+                            f"{len(p.weight_data)}, fast scratch {FAST_SCRATCH_BYTES}, each byte with its written "
+                            f"flag), more than the {self.limits.max_memory - layout.memory} bytes the "
+                            f"{self.limits.max_memory}-byte memory limit leaves", "raise the limit (tosakit run --max-memory) if you trust the file")
         layout.delegate_npu[index] = p
 
     def tosa_io(self, what: str, summary: TosaSummary, args: list[int]) -> None:

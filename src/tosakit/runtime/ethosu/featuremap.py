@@ -108,7 +108,9 @@ class FeatureMap:
 
     def read(self, memory: Memory, h: int, w: int, c: int) -> np.ndarray:
         """The [h, w, c] integers stored (int64, without the zero point taken off)."""
+        memory.check_extent(self.region, (h, w, c), self.elem, "reads")
         return memory.read(self.region, self.grid(h, w, c), self.dtype)
 
     def write(self, memory: Memory, values: np.ndarray) -> None:
+        memory.check_extent(self.region, values.shape, self.elem, "writes")
         memory.write(self.region, self.grid(*values.shape), values, self.dtype)

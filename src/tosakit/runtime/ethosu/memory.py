@@ -57,12 +57,31 @@ class Memory:
         return self.regions[index]
 
     def _check(self, region: Region, addresses: np.ndarray, nbytes: int, verb: str) -> None:
-        if addresses.size and (int(addresses.min()) < 0 or int(addresses.max()) + nbytes > region.data.size):
-            lo, hi = int(addresses.min()), int(addresses.max()) + nbytes
+        if addresses.size:
+            self.check_span(region.index, int(addresses.min()), int(addresses.max()) + nbytes, verb)
+
+    def check_span(self, index: int, lo: int, hi: int, verb: str) -> None:
+        """Bytes [lo, hi) of region ``index`` must lie inside it (checked before any address array is made)."""
+        region = self.region(index)
+        if lo < 0 or hi > region.data.size:
             raise NpuAccessError(
                 f"{self.where} {verb} bytes [{lo:#x}, {hi:#x}) of {region.name}, which holds {region.data.size:#x} bytes",
                 "on a device this command would touch memory outside what Vela planned for the delegate: do not "
                 "deploy this program; `--engine tosa` runs its TOSA instead (and please report the model)")
+
+    def check_extent(self, index: int, shape: tuple[int, ...], elem: int, verb: str) -> None:
+        """A feature map of ``shape`` (``elem``-byte elements, each at its own address) must fit region ``index``."""
+        region, nbytes = self.region(index), int(np.prod(shape, dtype=object)) * elem
+        if nbytes > region.data.size:
+            raise NpuAccessError(
+                f"{self.where} {verb} a {'x'.join(map(str, shape))} feature map ({nbytes:#x} bytes), more than "
+                f"{region.name} holds ({region.data.size:#x} bytes)",
+                "the command stream is corrupt: do not deploy this program; `--engine tosa` runs its TOSA instead")
+
+    def read_bytes(self, index: int, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` of region ``index``."""
+        self.check_span(index, start, start + length, "reads")
+        return self.read(index, start + np.arange(length), np.uint8).astype(np.uint8).tobytes()
 
     def read(self, index: int, addresses: np.ndarray, dtype: np.dtype) -> np.ndarray:
         """The ``dtype`` values at byte ``addresses`` (any shape) of region ``index``."""
@@ -89,5 +108,7 @@ class Memory:
 
     def copy(self, src: int, src_start: int, dst: int, dst_start: int, length: int) -> None:
         """A linear byte copy (DMA)."""
+        self.check_span(src, src_start, src_start + length, "reads")
+        self.check_span(dst, dst_start, dst_start + length, "writes")
         self.write(dst, dst_start + np.arange(length), self.read(src, src_start + np.arange(length), np.uint8),
                    np.uint8)

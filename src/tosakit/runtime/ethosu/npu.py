@@ -20,6 +20,8 @@ from .weights import decode_scales, decode_weights
 LUT_BYTES, LUT_SLOT_BYTES = 2048, 256
 # Work a single operation may do (multiply-accumulates or elements touched): bounds a hostile stream's time.
 MAX_OP_WORK = 1 << 33
+# Elements of an operation's temporaries computed at once (OFM pixels x their window): bounds its memory.
+CHUNK = 1 << 22
 
 OPERATIONS: dict[str, Callable[["Npu", object], None]] = {}
 
@@ -45,9 +47,12 @@ class Npu:
         self.accelerator = accelerator
         self.shram = np.zeros(shram_bytes, np.uint8)  # internal memory: DMA fills its LUT slots
         self.executed: list[tuple[int, str]] = []  # (command offset, operation) of every operation run
+        self.deadline: float | None = None
 
     def run(self, commands, deadline: float | None = None) -> None:
-        """Execute ``commands`` in order; past ``deadline`` (``time.monotonic()``) stop with an error."""
+        """Execute ``commands`` in order; past ``deadline`` (``time.monotonic()``) stop with an error. Every
+        error an operation raises names its command's offset."""
+        self.deadline = deadline
         for command in commands:
             name = command.register.name
             self.memory.where = f"command at offset {command.offset:#x} ({name})"
@@ -55,11 +60,22 @@ class Npu:
             if run is None:
                 self.regs.set(command)
                 continue
-            if deadline is not None and time.monotonic() > deadline:
-                raise TosakitError(f"the Ethos-U simulation ran past its time limit, at the {self.memory.where}",
-                                   "raise the time limit (--timeout SECONDS) or run a smaller program")
-            run(self, command)
+            self.check_deadline()
+            try:
+                run(self, command)
+            except TosakitError as exc:
+                if exc.message.startswith(self.memory.where):
+                    raise
+                raise type(exc)(f"{self.memory.where}: {exc.message}", exc.hint) from None
+            except MemoryError:
+                raise TosakitError(f"{self.memory.where} needs more memory than the simulator may use",
+                                   "the command stream is corrupt, or raise the limit (--max-memory)") from None
             self.executed.append((command.offset, name))
+
+    def check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TosakitError(f"the Ethos-U simulation ran past its time limit, at the {self.memory.where}",
+                               "raise the time limit (--timeout SECONDS) or run a smaller program")
 
     # ------------------------------------------------------------------ register views
 
@@ -86,8 +102,7 @@ class Npu:
     def bytes_at(self, region_register: str, base_register: str, length_register: str) -> bytes:
         region = self.value(region_register, "region")
         base, length = self.value(base_register, "addr"), self.value(length_register, "length")
-        check_work(length, "a weight or scale stream")
-        return self.memory.read(region, base + np.arange(length), np.uint8).astype(np.uint8).tobytes()
+        return self.memory.read_bytes(region, base, length)
 
     def clamp(self, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
         """The activation's clip to [ACTIVATION_MIN, ACTIVATION_MAX], then the OFM precision's range."""
@@ -176,6 +191,21 @@ def windows(npu: Npu, depth: int) -> tuple[np.ndarray, np.ndarray, FeatureMap, K
     return win, mask, ifm, k
 
 
+def by_blocks(npu: Npu, oh: int, ow: int, per_pixel: int, compute) -> np.ndarray:
+    """``compute(rows, columns)`` (slices of the OFM) over blocks of at most CHUNK elements of work (one pixel
+    at least), joined into the [oh, ow, ...] result: an operation's temporaries stay small."""
+    rows = max(1, CHUNK // max(per_pixel * ow, 1))
+    cols = ow if rows > 1 else max(1, min(ow, CHUNK // max(per_pixel, 1)))
+    out = []
+    for y in range(0, oh, rows):
+        line = []
+        for x in range(0, ow, cols):
+            npu.check_deadline()
+            line.append(compute(slice(y, y + rows), slice(x, x + cols)))
+        out.append(np.concatenate(line, axis=1))
+    return np.concatenate(out, axis=0)
+
+
 def exact_dot(a: np.ndarray, b: np.ndarray, axes) -> np.ndarray:
     """Integer tensordot, through float64 BLAS when every partial sum is exact in it (below 2**53)."""
     terms = int(np.prod([a.shape[i] for i in axes[0]]))
@@ -201,9 +231,9 @@ def conv(npu: Npu, command) -> None:
     """Convolution (and the vector product: a 1x1 convolution): sum of (ifm - zp) x weight, plus bias, scaled."""
     oh, ow, oc = npu.ofm_shape()
     ic = npu.value("IFM_DEPTH_M1", "depth_m1") + 1
+    w = _weights(npu, npu.kernel(), ic, oc, depthwise=False)
     win, _, ifm, k = windows(npu, ic)
-    w = _weights(npu, k, ic, oc, depthwise=False)
-    acc = exact_dot(win, w, ([2, 3, 4], [3, 1, 2]))
+    acc = by_blocks(npu, oh, ow, ic * k.h * k.w, lambda ys, xs: exact_dot(win[ys, xs], w, ([2, 3, 4], [3, 1, 2])))
     bias, scale, shift = _scales(npu, oc)
     _output(npu, acc + bias, scale, shift)
 
@@ -212,8 +242,8 @@ def conv(npu: Npu, command) -> None:
 def depthwise(npu: Npu, command) -> None:
     """Depthwise convolution: each channel with its own kernel."""
     oh, ow, oc = npu.ofm_shape()
+    w = _weights(npu, npu.kernel(), oc, oc, depthwise=True)[:, :, :, 0]  # [C, KH, KW]
     win, _, ifm, k = windows(npu, oc)
-    w = _weights(npu, k, oc, oc, depthwise=True)[:, :, :, 0]  # [C, KH, KW]
     acc = np.einsum("hwckl,ckl->hwc", win, w.astype(np.int64))
     bias, scale, shift = _scales(npu, oc)
     _output(npu, acc + bias, scale, shift)
@@ -227,7 +257,7 @@ def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarr
         ofm_block_depth=npu.value("OFM_BLK_DEPTH_M1", "depth_m1") + 1, depthwise=depthwise,
         weight_order=npu.name("KERNEL_STRIDE", "weight_order"),
         decomposition=npu.name("KERNEL_STRIDE", "decomposition"),
-        dilation=(k.dy, k.dx), ifm_bits=ifm.bits, accelerator=npu.accelerator)
+        dilation=(k.dy, k.dx), ifm_bits=ifm.bits, accelerator=npu.accelerator, deadline=npu.deadline)
 
 
 @operation("NPU_OP_POOL")
@@ -237,8 +267,10 @@ def pool(npu: Npu, command) -> None:
     oh, ow, oc = npu.ofm_shape()
     scale, shift = npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")
     if mode == "POOLING_MODE_MAX":
-        win, mask, _, _ = windows(npu, oc)
-        acc = np.where(mask[:, :, None], win, np.iinfo(np.int64).min).max(axis=(3, 4))
+        win, mask, _, k = windows(npu, oc)
+        lowest = np.iinfo(np.int64).min
+        acc = by_blocks(npu, oh, ow, oc * k.h * k.w,
+                        lambda ys, xs: np.where(mask[ys, xs, None], win[ys, xs], lowest).max(axis=(3, 4)))
     elif mode == "POOLING_MODE_AVERAGE":
         win, mask, _, k = windows(npu, oc)
         acc = win.sum(axis=(3, 4))
@@ -297,12 +329,11 @@ def dma(npu: Npu, command) -> None:
         raise UnsupportedCommandError(f"{npu.memory.where}: 2-D and 3-D DMA are not simulated yet",
                                       "run the program's TOSA instead (tosakit run --engine tosa)")
     if npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
-        data = npu.memory.read(src_region, src + np.arange(length), np.uint8)
         if dst < npu.shram.size - LUT_BYTES or dst + length > npu.shram.size:
             raise TosakitError(f"{npu.memory.where} writes SHRAM bytes [{dst:#x}, {dst + length:#x}), outside its "
                                f"LUT area [{npu.shram.size - LUT_BYTES:#x}, {npu.shram.size:#x})",
                                "the command stream is corrupt: recompile the program")
-        npu.shram[dst: dst + length] = data
+        npu.shram[dst: dst + length] = np.frombuffer(npu.memory.read_bytes(src_region, src, length), np.uint8)
         return
     npu.memory.copy(src_region, src, dst_region, dst, length)
 

@@ -24,11 +24,19 @@ def scale_output(acc: np.ndarray, scale, shift, round_mode: str) -> np.ndarray:
     product = acc.astype(dtype) * scale.astype(dtype)
     if round_mode.endswith("TRUNCATE"):
         magnitude = np.abs(product) >> shift.astype(dtype)
-        return np.where(product < 0, -magnitude, magnitude).astype(np.int64)
+        return _int64(np.where(product < 0, -magnitude, magnitude))
     half = np.where(shift > 0, np.left_shift(1, np.maximum(shift - 1, 0)), 0).astype(dtype)
     if round_mode.endswith("DBL"):
         half = half + np.where(shift > 31, np.where(product >= 0, 1 << 30, -(1 << 30)), 0).astype(dtype)
-    return ((product + half) >> shift.astype(dtype)).astype(np.int64)
+    return _int64((product + half) >> shift.astype(dtype))
+
+
+def _int64(values: np.ndarray) -> np.ndarray:
+    """Saturated to int64 (values beyond it come only from damaged scales; the OFM's clip follows anyway)."""
+    if values.dtype == object:
+        values = np.minimum(np.maximum(values, -(1 << 63)), (1 << 63) - 1)
+    return np.asarray(values).astype(np.int64)
+
 
 def reciprocal_scale(count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The (scale, shift) of 1/count, as the TOSA spec's ``reciprocal_scale`` defines it."""

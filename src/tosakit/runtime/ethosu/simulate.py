@@ -30,13 +30,24 @@ def _io_bytes(t) -> int:
     return int(np.prod(t.shape)) * t.elem_size
 
 
+def memory_needed(payload: EthosUPayload) -> int:
+    """Bytes the simulator's regions take for ``payload`` (each byte with its written flag)."""
+    return 2 * (payload.scratch_size + len(payload.weight_data) + FAST_SCRATCH_BYTES)
+
+
 def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str | None = None,
-             deadline: float | None = None) -> Simulation:
+             deadline: float | None = None, max_memory: int = 1 << 31) -> Simulation:
     """Execute ``payload``'s command stream on ``inputs`` (integer arrays, one per I/O-table input) on
     ``accelerator`` (by default the one the stream's header names), stopping with an error past ``deadline``
-    (a ``time.monotonic()`` value)."""
+    (a ``time.monotonic()`` value); refused before anything is allocated if its regions need more than
+    ``max_memory`` bytes."""
     stream = decode(payload.cmd_data, accelerator)
     accelerator = stream.accelerator_config.accelerator
+    if memory_needed(payload) > max_memory:
+        raise TosakitError(f"simulating the Ethos-U delegate needs {memory_needed(payload)} bytes (scratch "
+                           f"{payload.scratch_size}, weights {len(payload.weight_data)}, fast scratch "
+                           f"{FAST_SCRATCH_BYTES}, each byte with its written flag), more than the {max_memory}-byte "
+                           "limit", "raise the limit (tosakit run --max-memory) if you trust the file")
     if len(inputs) != len(payload.inputs):
         raise TosakitError(f"the Ethos-U delegate takes {len(payload.inputs)} input(s), {len(inputs)} given",
                            "pass one array per delegate input")
@@ -49,12 +60,13 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
                                f"{_io_bytes(t)} (shape {t.shape}, {t.elem_size}-byte elements)",
                                "pass inputs of the delegate's shape and integer type")
         memory.where = f"input {i}"
+        memory.check_span(t.region, t.offset, t.offset + len(data), "is copied to")
         memory.write(t.region, t.offset + np.arange(len(data)), np.frombuffer(data, np.uint8), np.uint8)
     npu = Npu(register_map(accelerator), memory, accelerator, stream.accelerator_config.shram_kib * 1024)
     npu.run(stream.commands, deadline)
     outputs = []
     for i, t in enumerate(payload.outputs):
         memory.where = f"output {i}"
-        raw = memory.read(t.region, t.offset + np.arange(_io_bytes(t)), np.uint8).astype(np.uint8)
+        raw = np.frombuffer(memory.read_bytes(t.region, t.offset, _io_bytes(t)), np.uint8)
         outputs.append(raw.view(f"<i{t.elem_size}").reshape(t.shape))
     return Simulation(outputs, npu.executed)

@@ -1,8 +1,9 @@
 """An NPU operation's weight and scale streams, read back into tensors.
 
-Weights are compressed by Vela's codec (decoded here by ``ethosu.mlw_codec.decode``, the codec Vela ships)
-after a reordering into the order the NPU's MAC array consumes them: OFM blocks, then IFM blocks, then
-sub-kernels (at most 8x8, 4x4 when dilated), then micro-blocks of OFM and IFM depth. ``brick_order`` states
+Weights are compressed by Vela's codec (decoded here by ``ethosu.mlw_codec.decode``, the codec Vela ships, in
+a process of its own: ``codec``) after a reordering into the order the NPU's MAC array consumes them: OFM
+blocks, then IFM blocks, then sub-kernels (at most 8x8, 4x4 when dilated), then micro-blocks of OFM and IFM
+depth. ``brick_order`` states
 that order as data; ``decode_weights`` inverts it. The scale stream holds one 10-byte record per OFM channel:
 a 40-bit signed bias, a 32-bit scale and a 6-bit shift."""
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import TosakitError
+from .codec import CODEC
 
 SCALE_RECORD_BYTES = 10
 SUBKERNEL_MAX = 8  # the largest sub-kernel (height and width) the NPU traverses in one pass
@@ -118,37 +120,37 @@ _DECODED = _Decoded()
 
 def decode_weights(data: bytes, *, kernel_h: int, kernel_w: int, ifm_depth: int, ofm_depth: int,
                    ofm_block_depth: int, depthwise: bool, weight_order: str, decomposition: str,
-                   dilation: tuple[int, int], ifm_bits: int, accelerator: str) -> np.ndarray:
+                   dilation: tuple[int, int], ifm_bits: int, accelerator: str,
+                   deadline: float | None = None) -> np.ndarray:
     """The [OFM, KH, KW, IFM] weights (IFM 1 for depthwise; int64, zero point already taken off) of a
-    compressed weight stream, as the registers of the operation describe it."""
+    compressed weight stream, as the registers of the operation describe it; decoded by Vela's codec in its
+    own process (``codec``), giving up past ``deadline``."""
     key = (bytes(data), kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order,
            decomposition, dilation, ifm_bits, ofm_ublock_depth(accelerator))
     found = _DECODED.get(key)
     if found is None:
-        found = _decode(key)
+        found = _decode(key, deadline)
         _DECODED.put(key, found)
     return found.astype(np.int64)
 
 
-def _decode(key) -> np.ndarray:
-    from ethosu import mlw_codec
-
+def _decode(key, deadline: float | None) -> np.ndarray:
     (data, kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order, decomposition,
      dilation, ifm_bits, ofm_ublock) = key
-
+    values = CODEC.decode(data, deadline)
+    need = ofm_depth * kernel_h * kernel_w * (1 if depthwise else ifm_depth)
+    if values.size < need:  # checked before the brick order is built: a damaged stream's shape can be huge
+        raise TosakitError(f"the weight stream decodes to {values.size} weights; a {kernel_h}x{kernel_w} kernel "
+                           f"from {ifm_depth} to {ofm_depth} channels needs {need}", _FIX)
     sub = 4 if decomposition.endswith("D4X4") else SUBKERNEL_MAX
     order = brick_order(ofm_depth, kernel_h, kernel_w, ifm_depth, ofm_block_depth=min(ofm_block_depth, ofm_depth),
                         depthwise=depthwise, part_kernel_first=weight_order.endswith("PART_KERNEL_FIRST"),
                         ifm_bits=ifm_bits, decomposition=(sub // dilation[0], sub // dilation[1]),
                         ofm_ublock=ofm_ublock)
-    try:
-        values = np.asarray(mlw_codec.decode(bytearray(data)), np.int64)
-    except Exception as e:  # the codec reports damage as a plain exception
-        raise TosakitError(f"the weight stream ({len(data)} bytes) does not decode: {e}", _FIX) from None
     if values.size < order.size:
         raise TosakitError(f"the weight stream decodes to {values.size} weights; a {kernel_h}x{kernel_w} kernel "
-                           f"from {ifm_depth} to {ofm_depth} channels needs {order.size}", _FIX)
-    weights = np.zeros(ofm_depth * kernel_h * kernel_w * (1 if depthwise else ifm_depth), np.int16)  # int9 values
+                           f"from {ifm_depth} to {ofm_depth} channels in the NPU's order needs {order.size}", _FIX)
+    weights = np.zeros(need, np.int16)  # int9 values
     used = order >= 0
     weights[order[used]] = values[: order.size][used]
     return weights.reshape(ofm_depth, kernel_h, kernel_w, 1 if depthwise else ifm_depth)

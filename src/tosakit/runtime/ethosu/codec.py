@@ -1,0 +1,112 @@
+"""Vela's weight codec (``ethosu.mlw_codec``, native code) in a process of its own. On some damaged streams it
+prints an error and ends its process with exit(), so the simulator never calls it in its own: one codec process
+per simulating process, started on first use, restarted after a stream ends it, bounded in memory and time.
+
+Protocol on the pipes: a request is an 8-byte little-endian length and the stream's bytes; the answer an 8-byte
+signed count, then that many int16 weights, or (a negative count) -count bytes of the codec's error message."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from ...errors import TosakitError
+
+CODEC_MEMORY = 1 << 30  # address space the codec process may add to what its imports mapped
+CODEC_SECONDS = 60.0  # longest one stream may take when the caller gives no deadline
+_FIX = "the weight stream is damaged or was not written by Vela: compile the model again"
+
+
+class CodecProcess:
+    """The codec process of this process (``decode`` starts it on first use)."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.log = None
+
+    def _start(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.log = tempfile.TemporaryFile()  # a file, not a pipe: the codec's messages can never block it
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+            self.proc = subprocess.Popen([sys.executable, "-m", "tosakit.runtime.ethosu.codec", str(CODEC_MEMORY)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
+        return self.proc
+
+    def decode(self, data: bytes, deadline: float | None = None) -> np.ndarray:
+        """The weights (int16) of one compressed stream."""
+        proc = self._start()
+        end = deadline if deadline is not None else time.monotonic() + CODEC_SECONDS
+        try:
+            proc.stdin.write(len(data).to_bytes(8, "little") + data)
+            proc.stdin.flush()
+            count = int.from_bytes(self._read(8, end), "little", signed=True)
+            if count < 0:
+                raise TosakitError(f"the weight stream ({len(data)} bytes) does not decode: "
+                                   f"{self._read(-count, end).decode(errors='replace')}", _FIX)
+            return np.frombuffer(self._read(2 * count, end), "<i2").astype(np.int16)
+        except (BrokenPipeError, EOFError):
+            proc.wait()
+            raise TosakitError(f"Vela's weight codec stopped on the weight stream ({len(data)} bytes): "
+                               f"{self._last_message() or f'exit status {proc.returncode}'}", _FIX) from None
+        except TimeoutError:
+            self.close()
+            raise TosakitError(f"Vela's weight codec ran past the time limit on the weight stream ({len(data)} bytes)",
+                               "raise the time limit (--timeout SECONDS), or the stream is damaged") from None
+
+    def _read(self, n: int, end: float) -> bytes:
+        out = bytearray()
+        fd = self.proc.stdout.fileno()
+        while len(out) < n:
+            if not select.select([fd], [], [], max(0.0, end - time.monotonic()))[0]:
+                raise TimeoutError
+            chunk = os.read(fd, min(n - len(out), 1 << 20))
+            if not chunk:
+                raise EOFError
+            out += chunk
+        return bytes(out)
+
+    def _last_message(self) -> str:
+        self.log.seek(0)
+        lines = [ln.strip() for ln in self.log.read()[-4096:].decode(errors="replace").splitlines() if ln.strip()]
+        return " ".join(lines[-1].split())[:200] if lines else ""
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+CODEC = CodecProcess()
+
+
+def _serve(memory: int) -> None:
+    """Answer requests from standard input until it closes."""
+    import resource
+
+    from ethosu import mlw_codec
+
+    with open("/proc/self/statm") as f:
+        limit = int(f.read().split()[0]) * resource.getpagesize() + memory
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    source, sink = sys.stdin.buffer, sys.stdout.buffer
+    while len(head := source.read(8)) == 8:
+        data = source.read(int.from_bytes(head, "little"))
+        try:
+            values = np.asarray(mlw_codec.decode(bytearray(data)), np.int16)
+            answer = len(values).to_bytes(8, "little", signed=True) + values.astype("<i2").tobytes()
+        except (Exception, MemoryError) as exc:  # the codec's own refusals, or more memory than allowed
+            message = (str(exc) or type(exc).__name__).encode()[:500]
+            answer = (-len(message)).to_bytes(8, "little", signed=True) + message
+        sink.write(answer)
+        sink.flush()
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
