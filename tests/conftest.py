@@ -32,6 +32,7 @@ class EtOracle:
     def __init__(self, python: Path):
         self.python = python
         self._server: subprocess.Popen | None = None
+        self._exporter: EtOracle | None = None  # a second process for export_ethosu
 
     def _serve(self) -> subprocess.Popen:
         """The oracle process of this test worker, started on first use (and again after a crash)."""
@@ -65,6 +66,8 @@ class EtOracle:
         if self._server is not None and self._server.poll() is None:
             self._server.stdin.close()
             self._server.wait(timeout=60)
+        if self._exporter is not None:
+            self._exporter.close()
 
     def load(self, pte: str | os.PathLike, method: str | None = None) -> list[str]:
         """load_program with InternalConsistency verification (and load_method); the method names."""
@@ -101,6 +104,27 @@ class EtOracle:
         torch.export.save(exported, saved)
         self._call("export", model_py=saved, out_pte=out_pte)
         return out_pte
+
+    def export_ethosu(self, module, inputs, folder: str | os.PathLike, name: str = "model",
+                      target: str = "ethos-u55-128", memory_mode: str | None = None, quantized: bool = False) -> dict:
+        """An Ethos-U program made by ExecuTorch's own Arm backend (its tutorial flow: EthosUQuantizer, calibrate
+        on ``inputs``, EthosUPartitioner, to_executorch; tests/oracle/et_export.py) from ``module`` and each
+        delegate's TOSA, written into ``folder``; et_export.py's result: {"pte", "quantized" (the quantized graph
+        it lowered, .pt2), "delegates": [{"backend", "tosa", "payload_sha256"}] in call order, "cpu_ops",
+        "vela_flags", "seconds"}. With ``quantized``, ``module`` is a quantized graph ExecuTorch only lowers.
+        Runs in a process of its own, so the runtime oracle never has the Arm backend imported."""
+        import torch
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        inputs = tuple(inputs)
+        model, saved_inputs = folder / f"{name}.pt2", folder / f"{name}.inputs.pt"
+        torch.export.save(torch.export.export(module, inputs), model)
+        torch.save(inputs, saved_inputs)
+        if self._exporter is None:
+            self._exporter = EtOracle(self.python)
+        return self._exporter._call("export_ethosu", name=name, model=model, inputs=saved_inputs, target=target,
+                                    memory_mode=memory_mode, out=folder, quantized=quantized)
 
     def export(self, model_source: str, out_pte: str | os.PathLike) -> Path:
         """A .pte made by ExecuTorch itself; ``model_source`` defines ``model`` and ``example_inputs``."""

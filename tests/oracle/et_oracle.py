@@ -5,8 +5,9 @@
   export MODEL_PY OUT_PTE           export with ExecuTorch itself: MODEL_PY defines `model` and `example_inputs`,
                                     or is an ExportedProgram saved by torch.export.save (.pt2)
   kernels                           the operators the runtime has kernels for
-  serve                             answer JSON requests {"command": "load"|"run"|"export", ...}, one a line,
-                                    from standard input: one process for many programs
+  serve                             answer JSON requests {"command": "load"|"run"|"export"|"export_ethosu", ...},
+                                    one a line, from standard input: one process for many programs
+                                    (export_ethosu: an Ethos-U .pte by ExecuTorch's Arm backend, et_export.py)
 
 The result is printed as one JSON line starting with MARKER (imports print unrelated noise);
 the exit status is 1 when the runtime refused the file.
@@ -78,13 +79,20 @@ def export(args):
     return {"written": args.out_pte}
 
 
+def export_ethosu(args):
+    """et_export.py's job (ExecuTorch's Ethos-U tutorial flow) for one model; its result."""
+    from et_export import export_job  # beside this file (the script's folder is on sys.path)
+
+    return export_job(vars(args))
+
+
 def serve(_args):
     """One result line per request line; the runtime's own log of a refused request comes with its error."""
     import os
     import tempfile
     import types
 
-    commands = {"load": load, "run": run, "export": export, "kernels": kernels}
+    commands = {"load": load, "run": run, "export": export, "kernels": kernels, "export_ethosu": export_ethosu}
     for line in sys.stdin:
         request = json.loads(line)
         log = tempfile.TemporaryFile()

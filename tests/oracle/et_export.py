@@ -1,0 +1,97 @@
+"""Export models to Ethos-U .pte files with ExecuTorch 1.5.1's own Arm backend; run by the oracle venv's python only.
+
+  et_export.py JOBS_JSON        JOBS_JSON: [{"name", "model" (.pt2 saved by torch.export.save), "inputs"
+                                (a tuple of tensors saved by torch.save), "target" (e.g. ethos-u55-128),
+                                "memory_mode" (or null: ExecuTorch's default), "out" (a folder),
+                                "quantized" (optional: true when the model is already quantized)}]
+
+Each job follows ExecuTorch's Ethos-U tutorial: EthosUQuantizer with
+get_symmetric_quantization_config(is_per_channel=True), prepare_pt2e, calibrate on the example inputs,
+convert_pt2e, EthosUPartitioner, to_executorch. A "quantized" job's model is a quantized graph already
+(convert_pt2e's, exported; e.g. tosakit's): it is only lowered (EthosUPartitioner, to_executorch), so that
+both compilers lower one quantized graph. Written into the job's folder:
+
+  NAME.pte               the program (delegate payloads inline, as ExecuTorch's tutorial writes it)
+  NAME.quantized.pt2     the quantized graph it lowered (convert_pt2e, exported), for tosakit to lower too
+  output_<tag>_*.tosa    each delegate's TOSA (the compile spec's dump_intermediate_artifacts_to)
+
+The result is printed as one JSON line starting with MARKER (imports print unrelated noise), a list with one
+entry per job: {"name", "pte", "quantized", "delegates": [{"backend", "tosa", "payload_sha256"} in call
+order], "cpu_ops", "vela_flags", "seconds"} or {"name", "error"}. Tests reach export_job through et_oracle.py's
+`serve` (one process with executorch imported for many exports); tosakit never imports this file.
+"""
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+MARKER = "ET_ORACLE_RESULT "  # as et_oracle.py, whose `serve` runs export_job too (command "export_ethosu")
+
+
+def export_job(job: dict) -> dict:
+    import torch
+    from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
+    from executorch.backends.arm.quantizer import EthosUQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.tosa.backend import arm_get_first_delegation_tag
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    out = Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("output_*.tosa"):
+        old.unlink()
+    module = torch.export.load(job["model"]).module(check_guards=False)
+    inputs = tuple(torch.load(job["inputs"]))
+    start = time.perf_counter()
+    spec = EthosUCompileSpec(job["target"], memory_mode=job.get("memory_mode"))
+    spec.dump_intermediate_artifacts_to(str(out))
+    if job.get("quantized"):
+        quantized = torch.export.export(module, inputs)
+    else:
+        quantizer = EthosUQuantizer(spec)
+        quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True))
+        # check_guards=False as ExecuTorch's own Arm flow tests do: torch 2.13's guard-check submodule
+        # (a call_module node) stops the quantizer's passes ("call_module is not supported")
+        prepared = prepare_pt2e(torch.export.export(module, inputs).module(check_guards=False), quantizer)
+        prepared(*inputs)  # calibrate on the example inputs
+        quantized = torch.export.export(convert_pt2e(prepared), inputs)
+    torch.export.save(quantized, out / f"{job['name']}.quantized.pt2")
+    edge = to_edge_transform_and_lower(quantized, partitioner=[EthosUPartitioner(spec)])
+    graph = edge.exported_program().graph_module
+    delegates = []
+    for node in graph.graph.nodes:  # in call order: the program's delegate order
+        if node.op == "call_function" and "executorch_call_delegate" in str(node.target):
+            lowered = getattr(graph, node.args[0].target)
+            assert isinstance(lowered, LoweredBackendModule), type(lowered)
+            tag = arm_get_first_delegation_tag(lowered.original_module.graph_module)
+            [tosa] = out.glob(f"output_{tag}_*.tosa") if tag else out.glob("output_TOSA*.tosa")
+            delegates.append({"backend": lowered.backend_id, "tosa": str(tosa),
+                              "payload_sha256": hashlib.sha256(lowered.processed_bytes).hexdigest()})
+    cpu = sorted(str(n.target) for n in graph.graph.nodes if n.op == "call_function"
+                 and "executorch_call_delegate" not in str(n.target) and "getitem" not in str(n.target))
+    program = edge.to_executorch(config=ExecutorchBackendConfig(extract_delegate_segments=False))
+    pte = out / f"{job['name']}.pte"
+    pte.write_bytes(program.buffer)
+    return {"name": job["name"], "pte": str(pte), "quantized": str(out / f"{job['name']}.quantized.pt2"),
+            "delegates": delegates, "cpu_ops": cpu, "vela_flags": list(spec.compiler_flags),
+            "seconds": time.perf_counter() - start}
+
+
+def main(argv: list[str]) -> int:
+    jobs = json.loads(Path(argv[0]).read_text())
+    results = []
+    for job in jobs:
+        try:
+            results.append(export_job(job))
+        except Exception as exc:  # one model ExecuTorch cannot export must not hide the others
+            results.append({"name": job["name"], "error": f"{type(exc).__name__}: {exc}"})
+    sys.stdout.flush()
+    print(MARKER + json.dumps(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
