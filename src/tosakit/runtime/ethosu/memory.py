@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import TosakitError
 
 REGION_NAMES = {0: "weights", 1: "scratch", 2: "fast scratch"}
+GRID_CHECKED = 1 << 22  # feature maps up to this many elements are checked address by address
 
 
 class NpuAccessError(TosakitError):
@@ -70,11 +71,13 @@ class Memory:
                 "deploy this program; `--engine tosa` runs its TOSA instead (and please report the model)")
 
     def check_extent(self, index: int, shape: tuple[int, ...], elem: int, verb: str) -> None:
-        """A feature map of ``shape`` (``elem``-byte elements, each at its own address) must fit region ``index``."""
-        region, nbytes = self.region(index), int(np.prod(shape, dtype=object)) * elem
-        if nbytes > region.data.size:
+        """A feature map of ``shape`` (``elem``-byte elements, each at its own address) too large for region
+        ``index`` is refused before its address grid is made, when that grid would be large (a smaller one is
+        made and checked address by address, which names the bytes)."""
+        region, count = self.region(index), int(np.prod(shape, dtype=object))
+        if count > GRID_CHECKED and count * elem > region.data.size:
             raise NpuAccessError(
-                f"{self.where} {verb} a {'x'.join(map(str, shape))} feature map ({nbytes:#x} bytes), more than "
+                f"{self.where} {verb} a {'x'.join(map(str, shape))} feature map ({count * elem:#x} bytes), more than "
                 f"{region.name} holds ({region.data.size:#x} bytes)",
                 "the command stream is corrupt: do not deploy this program; `--engine tosa` runs its TOSA instead")
 
