@@ -5,12 +5,12 @@ streams and simulation faults as one `error:` line naming the command offset, th
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from tosakit.backends.ethosu.payload import pack_payload, parse_payload
 from tosakit.backends.ethosu.vela import VelaResult
@@ -24,19 +24,10 @@ from tosakit.runtime.ethosu.commands import decode
 from tosakit.specs import EthosUCompileSpec
 from tosakit.zoo import MODELS
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
+from seeds import SmallNet  # noqa: E402  (conv with 3 input channels, relu, pool, linear: the I/O layout matters)
+
 pytestmark = pytest.mark.numerics
-
-
-class SmallNet(nn.Module):
-    """conv (3 input channels: the I/O layout matters), relu, pool, linear."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.fc = nn.Linear(8 * 4 * 4, 10)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(nn.functional.avg_pool2d(torch.relu(self.conv(x)), 2), 1))
 
 
 def _compile(target: str, debug_info: bool, channels_last: bool = False) -> bytes:
@@ -190,6 +181,9 @@ def test_the_run_deadline_reaches_the_simulator(programs, monkeypatch):
 def test_verify_compares_each_delegate_output(programs, capsys):
     code, out, _ = _cli(capsys, "run", programs["u55"], "--random", "--verify")
     assert code == 0 and "npu vs tosa: delegate 0 (EthosUBackend) output 0: 10 of 10 values equal (bit-exact)" in out
+    # and per NPU operation, in the child process (Vela run again on the carried TOSA with the delegate's flags)
+    found = re.search(r"NPU operations: (\d+) of (\d+) compared with the TOSA tensor each computes: all bit-exact", out)
+    assert found and 1 <= int(found.group(1)) <= int(found.group(2)), out
     code, _, err = _cli(capsys, "run", programs["u55_payload_only"], "--random", "--verify")
     _one_error(code, err, "carry no TOSA", "--debug-info")
     code, _, err = _cli(capsys, "run", programs["u55"], "--random", "--verify", "--engine", "tosa")
@@ -210,7 +204,7 @@ def test_verify_reports_a_difference(programs, monkeypatch, capsys):
     monkeypatch.setattr(IsolatedReferenceModel, "simulate", off_by_one)
     code, out, err = _cli(capsys, "run", programs["u55"], "--random", "--verify")
     assert code == 1 and "output 0: 9 of 10 values equal (1 differ, max |diff| 1)" in out
-    assert "differ on 1 delegate output(s)" in err
+    assert "differ on 1 delegate output(s) and 0 NPU operation(s)" in err
 
 
 def test_compile_verify_compares_the_engines(monkeypatch):

@@ -91,6 +91,10 @@ def test_compile_verify_then_run(harness, model, mode, tmp_path, monkeypatch, ca
             assert (o.vs_fake_quant is not None) == (o.vs_float is not None), o
         else:
             assert o.vs_float is None or o.vs_float.snr_db >= 80, o
+    if mode == "u55_delegated":  # each NPU operation against the TOSA tensor it computes
+        ops = run.verification.npu_ops
+        assert [r for r in ops if r.values] and not [str(r) for r in ops if r.differ]
+        assert ((model, mode) in NPU_FAULTS) == any(r.note.startswith("not run: the simulation stopped") for r in ops)
     engine = []
     if (model, mode) in NPU_FAULTS:  # the stream Vela wrote misbehaves: the run says so, --engine tosa runs the TOSA
         assert NPU_FAULTS[model, mode] in run.verification.npu_error

@@ -249,6 +249,7 @@ def write_report(path: Path, edge, program, opts: CompileOptions, output: Path, 
                         "matches": lay.matches} for lay in verification.layers],
             "npu_vs_tosa": [{**vars(c), "bit_exact": c.bit_exact} for c in verification.engines],
             "npu_error": verification.npu_error,
+            "npu_operations": [vars(r) for r in verification.npu_ops],
         }
     write_atomic(path, json.dumps(report, indent=2, default=str).encode())
 
@@ -370,14 +371,20 @@ def _cmd_run(args) -> int:
                                                  if simulated else ""))
     for c in comparisons:
         print(f"npu vs tosa: {c}")
+    operations = program.compare_operations(inputs) if args.verify else []
+    if operations:
+        from .runtime.npu_ops import summary
+
+        print("\n".join(summary(operations)))
     if args.outputs:
         # numpy has no bfloat16: such outputs are written widened to float32
         write_outputs(args.outputs, [np.asarray(o.float() if o.dtype == torch.bfloat16 else o) for o in outputs])
         print(f"wrote {args.outputs}")
     differ = [c for c in comparisons if not c.bit_exact]
-    if differ:
-        print(f"the NPU simulator and the TOSA reference model differ on {len(differ)} delegate output(s): report "
-              f"the program to tosakit", file=sys.stderr)
+    ops_differ = [r for r in operations if r.differ]
+    if differ or ops_differ:
+        print(f"the NPU simulator and the TOSA reference model differ on {len(differ)} delegate output(s) and "
+              f"{len(ops_differ)} NPU operation(s): report the program to tosakit", file=sys.stderr)
         return 1
     return 0
 

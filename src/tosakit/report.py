@@ -187,6 +187,18 @@ def write_html(path: Path, title: str, edge, program=None, verification=None) ->
                 ["delegate", "input", "shape", "clipped at the integer limits"],
                 [[i.delegate, i.node, "x".join(map(str, i.shape)), f"{_share(i.saturated)} ({_limits(i.limits)})"]
                  for i in inputs], ["saturated" if i.saturates else None for i in inputs]))
+        npu_ops = getattr(verification, "npu_ops", [])
+        if npu_ops:
+            compared = [r for r in npu_ops if r.values]
+            parts.append("<h2>Per NPU operation</h2><p>Each operation of the simulated Ethos-U command stream "
+                         "against the box of the TOSA tensor Vela says it writes (its debug database and high-level "
+                         f"command stream): {len(compared)} of {len(npu_ops)} compared, "
+                         f"{sum(1 for r in compared if r.differ)} differ.</p>" + _table(
+                             ["delegate", "offset", "Vela op", "TOSA op", "tensor", "values", "differ", "max |diff|",
+                              "note"],
+                             [[r.delegate, f"{r.offset:#x}", r.vela_op, r.tosa_op, r.tensor, r.values or "",
+                               r.differ if r.values else "", r.max_diff if r.values else "", r.note] for r in npu_ops],
+                             ["saturated" if r.differ else None for r in npu_ops]))
         if verification.layers:
             first = verification.first_divergent_layer
             parts.append("<h2>Per layer</h2><p>" + (

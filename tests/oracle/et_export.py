@@ -1,9 +1,8 @@
-"""Export models to Ethos-U .pte files with ExecuTorch 1.5.1's own Arm backend; run by the oracle venv's python only.
-
-  et_export.py JOBS_JSON        JOBS_JSON: [{"name", "model" (.pt2 saved by torch.export.save), "inputs"
-                                (a tuple of tensors saved by torch.save), "target" (e.g. ethos-u55-128),
-                                "memory_mode" (or null: ExecuTorch's default), "out" (a folder),
-                                "quantized" (optional: true when the model is already quantized)}]
+"""Ethos-U .pte files made by ExecuTorch 1.5.1's own Arm backend: ``export_job``, run in the oracle venv by
+et_oracle.py's ``serve`` (command "export_ethosu": one process with executorch imported for many exports);
+tosakit never imports this file. A job: {"name", "model" (.pt2 saved by torch.export.save), "inputs" (a tuple
+of tensors saved by torch.save), "target" (e.g. ethos-u55-128), "memory_mode" (or null: ExecuTorch's
+default), "out" (a folder), "quantized" (optional: true when the model is already quantized)}.
 
 Each job follows ExecuTorch's Ethos-U tutorial: EthosUQuantizer with
 get_symmetric_quantization_config(is_per_channel=True), prepare_pt2e, calibrate on the example inputs,
@@ -15,22 +14,17 @@ both compilers lower one quantized graph. Written into the job's folder:
   NAME.quantized.pt2     the quantized graph it lowered (convert_pt2e, exported), for tosakit to lower too
   output_<tag>_*.tosa    each delegate's TOSA (the compile spec's dump_intermediate_artifacts_to)
 
-The result is printed as one JSON line starting with MARKER (imports print unrelated noise), a list with one
-entry per job: {"name", "pte", "quantized", "delegates": [{"backend", "tosa", "payload_sha256"} in call
-order], "cpu_ops", "vela_flags", "seconds"} or {"name", "error"}. Tests reach export_job through et_oracle.py's
-`serve` (one process with executorch imported for many exports); tosakit never imports this file.
+The result: {"name", "pte", "quantized", "delegates": [{"backend", "tosa", "payload_sha256"} in call order],
+"cpu_ops", "vela_flags", "seconds"}.
 """
 
 import hashlib
-import json
-import sys
 import time
 from pathlib import Path
 
-MARKER = "ET_ORACLE_RESULT "  # as et_oracle.py, whose `serve` runs export_job too (command "export_ethosu")
-
 
 def export_job(job: dict) -> dict:
+    """One job: the .pte, the quantized graph and each delegate's TOSA written; what was made."""
     import torch
     from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
     from executorch.backends.arm.quantizer import EthosUQuantizer, get_symmetric_quantization_config
@@ -79,19 +73,3 @@ def export_job(job: dict) -> dict:
             "delegates": delegates, "cpu_ops": cpu, "vela_flags": list(spec.compiler_flags),
             "seconds": time.perf_counter() - start}
 
-
-def main(argv: list[str]) -> int:
-    jobs = json.loads(Path(argv[0]).read_text())
-    results = []
-    for job in jobs:
-        try:
-            results.append(export_job(job))
-        except Exception as exc:  # one model ExecuTorch cannot export must not hide the others
-            results.append({"name": job["name"], "error": f"{type(exc).__name__}: {exc}"})
-    sys.stdout.flush()
-    print(MARKER + json.dumps(results), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

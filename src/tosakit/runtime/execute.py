@@ -16,6 +16,7 @@ from ..native import captured_output
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from .ethosu.simulate import simulate
+from .npu_ops import compare_payload, vela_flags
 from .program import EngineComparison, LoadedProgram, TensorSpec
 from .refmodel import IsolatedReferenceModel
 from .reference import run_stored
@@ -87,11 +88,14 @@ class Kernel:
 
 class Execution:
     """The values and memory of one run; with ``compare``, each simulated Ethos-U delegate that carries its TOSA
-    runs it too, and ``comparisons`` holds how their outputs compare."""
+    runs it too, and ``comparisons`` holds how their outputs compare; with ``operations``, such a delegate is
+    also compared per NPU operation (``npu_ops``), into ``operations``."""
 
-    def __init__(self, loaded: LoadedProgram, plan: S.ExecutionPlan, layout: MethodLayout, compare: bool = False):
+    def __init__(self, loaded: LoadedProgram, plan: S.ExecutionPlan, layout: MethodLayout, compare: bool = False,
+                 operations: bool = False):
         self.loaded, self.plan, self.layout, self.limits = loaded, plan, layout, loaded.limits
         self.compare, self.comparisons = compare, []
+        self.operations: list | None = [] if operations else None
         self.arenas = [_zeros(n) for n in layout.arena_bytes]
         constant = loaded.program.constant_segment
         self.const_data = loaded.segments[constant.segment_index] if constant else b""
@@ -209,6 +213,8 @@ class Execution:
             results = self._tosa(tosa[0], ins, orders, deadline, what)
         else:
             results = self._npu(index, ins, outs, orders, deadline, what)
+            if self.operations is not None and tosa is not None:
+                self.operations += self._operations(index, tosa[0], ins, orders, deadline, what)
             if self.compare and tosa is not None:
                 reference = self._tosa(tosa[0], ins, orders, deadline, what)
                 self.comparisons += [_compared(index, delegate.id, k, got, want.reshape(got.shape))
@@ -233,6 +239,18 @@ class Execution:
             return run_stored(tosa, ins, in_orders, out_orders)
         child = self._child(deadline)
         return run_stored(tosa, ins, in_orders, out_orders, lambda g, arrays: child.run(g, arrays, what))
+
+    def _operations(self, index: int, tosa: bytes, ins: list, orders: list, deadline: float, what: str) -> list:
+        """Delegate ``index`` per NPU operation against its TOSA (in the child process for files from anywhere)."""
+        payload = self.layout.delegate_npu[index]
+        arrays = [_stored(x, order).reshape(-1).view(torch.uint8).numpy().view(f"<i{t.elem_size}")
+                  for x, order, t in zip(ins, orders, payload.inputs)]
+        delegate = self.plan.delegates[index]
+        blob, flags = self.loaded.delegate_payload(delegate), vela_flags(delegate.compile_specs)
+        name = f"delegate {index}"
+        if self.loaded.isolate:
+            return self._child(deadline).operations(blob, tosa, flags, arrays, name)
+        return compare_payload(name, tosa, blob, flags, arrays)
 
     def _npu(self, index: int, ins: list, outs: list, orders: list, deadline: float,
              what: str) -> list[torch.Tensor]:

@@ -142,6 +142,15 @@ class LoadedProgram:
         execution = Execution(self, plan, layout, compare=True)
         return execution.run(list(inputs)), execution.comparisons
 
+    def compare_operations(self, inputs, method: str = "forward") -> list:
+        """Each Ethos-U delegate that runs on the simulator and carries its TOSA, per NPU operation: Vela run again on
+        its TOSA with the delegate's flags says which tensor each operation writes (``npu_ops``)."""
+        from .execute import Execution
+
+        execution = Execution(self, self.plan(method), self.layouts[method], operations=True)
+        execution.run(list(inputs))
+        return execution.operations
+
 
 def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,
          engine: str | None = None) -> LoadedProgram:

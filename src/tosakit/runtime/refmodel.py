@@ -9,6 +9,7 @@ requests and replies are .npz files (never pickles) behind an 8-byte length, ove
 from __future__ import annotations
 
 import io
+import json
 import os
 import resource
 import select
@@ -87,6 +88,20 @@ class IsolatedReferenceModel:
             raise kind(f"{what}: {reply['error'].item()}", reply["hint"].item() or None)
         return [reply[f"out{k}"] for k in range(len(reply))]
 
+    def operations(self, payload: bytes, tosa: bytes, flags: list[str], inputs: list[np.ndarray],
+                   what: str) -> list:
+        """The delegate per NPU operation (``npu_ops.compare_payload``): Vela on its TOSA, the simulator and the
+        reference model, all in this child."""
+        from .npu_ops import NpuOpReport
+
+        request = {"payload": np.frombuffer(payload, dtype=np.uint8), "tosa": np.frombuffer(tosa, dtype=np.uint8),
+                   "flags": np.array(json.dumps(flags)), "name": np.array(what), "deadline": np.array(self.deadline)}
+        reply = self._call(request, inputs, what, "the per-operation check")
+        if "error" in reply or "bug" in reply:
+            message = reply["error"].item() if "error" in reply else reply["bug"].item()
+            raise TosakitError(f"{what}: the per-operation check failed: {message}", "report the program to tosakit")
+        return [NpuOpReport(**row) for row in json.loads(reply["rows"].item())]
+
     def _call(self, request: dict, inputs: list[np.ndarray], what: str, engine: str) -> dict[str, np.ndarray]:
         request.update({f"in{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs)})
         try:
@@ -138,11 +153,22 @@ def _simulate(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> list[
                         deadline=float(request["deadline"])).outputs
 
 
+def _operations(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    from .npu_ops import compare_payload
+
+    with captured_output((1, 2)):
+        rows = compare_payload(request["name"].item(), request["tosa"].tobytes(), request["payload"].tobytes(),
+                               json.loads(request["flags"].item()), inputs)
+    return {"rows": np.array(json.dumps([vars(r) for r in rows]))}
+
+
 def _reply(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run one request: its outputs, or its error with the error's hint and kind; a fault of the simulator
     itself (not of its input) as ``bug``."""
     inputs = [request[f"in{k}"] for k in range(sum(key.startswith("in") for key in request))]
     try:
+        if "flags" in request:
+            return _operations(request, inputs)
         outputs = _simulate(request, inputs) if "payload" in request else run_tosa(request["tosa"].tobytes(), inputs)
     except TosakitError as exc:
         return _error(exc.message, exc.hint or "", type(exc).__name__)

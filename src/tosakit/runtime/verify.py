@@ -31,6 +31,8 @@ from ..lower import lower_partition, prepare_program
 from ..program import EdgeProgramManager, ExecutorchProgramManager, LoweredBackendModule, tosa_key
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import QParams, is_dequantize, is_quantize, qparams_of
+from .npu_ops import NpuOpReport, compare_delegate
+from .npu_ops import summary as npu_summary
 from .program import EngineComparison, LoadedProgram
 from .reference import ExactInterpreter, evaluate_exact, run_stored
 
@@ -127,6 +129,8 @@ class VerifyReport:
     # simulator stopped (the program then ran its delegates' TOSA)
     engines: list[EngineComparison] = field(default_factory=list)
     npu_error: str | None = None
+    # each NPU operation of the simulated Ethos-U delegates against the TOSA tensor it computes
+    npu_ops: list[NpuOpReport] = field(default_factory=list)
 
     @property
     def first_divergent_layer(self) -> LayerReport | None:
@@ -180,6 +184,8 @@ class VerifyReport:
             lines.append(f"Ethos-U command streams run on the NPU simulator: {exact} of {len(self.engines)} delegate "
                          f"output(s) bit-exact with their TOSA on the reference model")
             lines += [f"  npu vs tosa: {c}" for c in self.engines if not c.bit_exact]
+        if self.npu_ops:
+            lines += npu_summary(self.npu_ops)
         if self.layers:
             bad = self.first_divergent_layer
             worst = min((layer for layer in self.layers if layer.vs_float), key=lambda l: l.vs_float.snr_db,
@@ -496,8 +502,10 @@ def input_reports(edge: EdgeProgramManager, inputs: tuple) -> list[InputReport]:
     return _reports(edge, inputs, None, layers=False)[1]
 
 
-def _reports(edge: EdgeProgramManager, inputs: tuple, float_ref: FloatReference | None,
-             layers: bool) -> tuple[list[LayerReport], list[InputReport]]:
+def _reports(edge: EdgeProgramManager, inputs: tuple, float_ref: FloatReference | None, layers: bool,
+             npu: bool = False) -> tuple[list[LayerReport], list[InputReport], list[NpuOpReport]]:
+    """Layer rows (with ``layers``), the delegates' quantized inputs, and with ``npu`` each Ethos-U55/U65
+    delegate's NPU operations against its TOSA (on the inputs the delegate gets)."""
     gm = edge.program.graph_module
     runner = _DelegateArgs(gm)
     with torch.no_grad():
@@ -508,6 +516,7 @@ def _reports(edge: EdgeProgramManager, inputs: tuple, float_ref: FloatReference 
     source: dict[Node, str] = {}  # node -> where values were clipped on its way (SATURATION_NOTABLE)
     rows: list[LayerReport] = []
     quantized_inputs: list[InputReport] = []
+    npu_ops: list[NpuOpReport] = []
     index = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -527,6 +536,8 @@ def _reports(edge: EdgeProgramManager, inputs: tuple, float_ref: FloatReference 
             seeds = [(outer.get(a) if isinstance(a, Node) else keys.unique(), _source_of(a, source))
                      for a in node.args[1:]]
             outs = _delegate_rows(name, module, args, seeds, float_ref, keys, rows) if layers else None
+            if npu:
+                npu_ops += compare_delegate(name, module, args)
             for user in node.users:
                 if user.target is operator.getitem and outs is not None:
                     outer.seed(user, outs[user.args[1]][0])
@@ -543,7 +554,7 @@ def _reports(edge: EdgeProgramManager, inputs: tuple, float_ref: FloatReference 
         src = _source_of_inputs(node, source)
         if src:
             source[node] = src
-    return rows, quantized_inputs
+    return rows, quantized_inputs, npu_ops
 
 
 def _source_of(a, source: dict) -> str | None:
@@ -686,8 +697,8 @@ def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: 
         ))
     float_ref = (float_reference(float_model, inputs, quantized=fake_quant is not None)
                  if (layers and float_model is not None) else None)
-    rows, quantized_inputs = _reports(edge, inputs, float_ref, layers)
-    return VerifyReport(outputs, rows, quantized_inputs, engines, npu_error)
+    rows, quantized_inputs, npu_ops = _reports(edge, inputs, float_ref, layers, npu=bool(engines) or bool(npu_error))
+    return VerifyReport(outputs, rows, quantized_inputs, engines, npu_error, npu_ops)
 
 
 def _same_kind(got: torch.Tensor, ref) -> bool:

@@ -49,9 +49,9 @@ class Npu:
         self.executed: list[tuple[int, str]] = []  # (command offset, operation) of every operation run
         self.deadline: float | None = None
 
-    def run(self, commands, deadline: float | None = None) -> None:
+    def run(self, commands, deadline: float | None = None, observe=None) -> None:
         """Execute ``commands`` in order; past ``deadline`` (``time.monotonic()``) stop with an error. Every
-        error an operation raises names its command's offset."""
+        error an operation raises names its command's offset; ``observe(npu, command)`` follows each operation."""
         self.deadline = deadline
         for command in commands:
             name = command.register.name
@@ -71,6 +71,8 @@ class Npu:
                 raise TosakitError(f"{self.memory.where} needs more memory than the simulator may use",
                                    "the command stream is corrupt, or raise the limit (--max-memory)") from None
             self.executed.append((command.offset, name))
+            if observe is not None:
+                observe(self, command)
 
     def check_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:

@@ -36,11 +36,11 @@ def memory_needed(payload: EthosUPayload) -> int:
 
 
 def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str | None = None,
-             deadline: float | None = None, max_memory: int = 1 << 31) -> Simulation:
+             deadline: float | None = None, max_memory: int = 1 << 31, observe=None) -> Simulation:
     """Execute ``payload``'s command stream on ``inputs`` (integer arrays, one per I/O-table input) on
     ``accelerator`` (by default the one the stream's header names), stopping with an error past ``deadline``
     (a ``time.monotonic()`` value); refused before anything is allocated if its regions need more than
-    ``max_memory`` bytes."""
+    ``max_memory`` bytes. ``observe(npu, command)`` is called after each operation."""
     stream = decode(payload.cmd_data, accelerator)
     accelerator = stream.accelerator_config.accelerator
     if memory_needed(payload) > max_memory:
@@ -63,7 +63,7 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
         memory.check_span(t.region, t.offset, t.offset + len(data), "is copied to")
         memory.write(t.region, t.offset + np.arange(len(data)), np.frombuffer(data, np.uint8), np.uint8)
     npu = Npu(register_map(accelerator), memory, accelerator, stream.accelerator_config.shram_kib * 1024)
-    npu.run(stream.commands, deadline)
+    npu.run(stream.commands, deadline, observe)
     outputs = []
     for i, t in enumerate(payload.outputs):
         memory.where = f"output {i}"
