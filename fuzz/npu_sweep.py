@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEADLINE_SECONDS = 2.0  # the deadline simulate() is given
+MAX_MEMORY = 256 << 20  # the memory limit simulate() is given (its regions, as tosakit run --max-memory 256M)
 SLOW_SECONDS = 5.0  # a case taking longer (it overran its deadline by 3 s) is a finding
 HANG_SECONDS = 60.0  # a batch silent this long is killed: its current case hung
 PEAK_LIMIT_MB = 500  # the case process's peak resident memory
@@ -281,13 +282,14 @@ def case(seeds: list[bytes], index: int, seed: int) -> tuple[bytes, list[str]]:
 
 
 def inputs_for(payload) -> list[np.ndarray]:
-    """Seeded integers of each input's table shape; a 16-element array where the shape is negative or
-    larger than INPUT_LIMIT (the simulator must refuse the mismatch)."""
+    """Seeded integers of each input's table shape; a 16-element array where the shape is negative, larger
+    than INPUT_LIMIT, or has a dimension past it (an empty shape numpy cannot make; the simulator must refuse
+    the mismatch)."""
     rng = np.random.default_rng(0)
     out = []
     for t in payload.inputs:
         dtype = np.dtype(f"<i{t.elem_size}")
-        if min(t.shape) < 0 or math.prod(t.shape) * t.elem_size > INPUT_LIMIT:
+        if min(t.shape) < 0 or max(t.shape) > INPUT_LIMIT or math.prod(t.shape) * t.elem_size > INPUT_LIMIT:
             out.append(np.zeros(16, dtype))
         else:
             info = np.iinfo(dtype)
@@ -301,7 +303,8 @@ def execute(blob: bytes):
     from tosakit.runtime.ethosu.simulate import simulate
 
     payload = parse_payload(blob)
-    return simulate(payload, inputs_for(payload), deadline=time.monotonic() + DEADLINE_SECONDS)
+    return simulate(payload, inputs_for(payload), deadline=time.monotonic() + DEADLINE_SECONDS,
+                    max_memory=MAX_MEMORY)
 
 
 def _reset_peak() -> None:

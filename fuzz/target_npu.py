@@ -16,7 +16,10 @@ import atheris
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-with atheris.instrument_imports(include=["tosakit"]):
+# The weight module runs uninstrumented: atheris 2.3.0's bytecode instrumentation on Python 3.11 makes the
+# nested loops of brick_order segfault (in pure Python, on a valid seed; the same payload replays cleanly
+# without atheris); the mutation sweep covers that module.
+with atheris.instrument_imports(include=["tosakit"], exclude=["tosakit.runtime.ethosu.weights"]):
     import tosakit.backends.ethosu.payload  # noqa: F401  (imported here to be instrumented)
     import tosakit.runtime.ethosu.simulate  # noqa: F401
     from tosakit.errors import TosakitError
