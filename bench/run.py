@@ -55,6 +55,7 @@ def host_runtime(args) -> None:
 
     def cold():
         weights._DECODED.__init__()  # nothing decoded yet: a program's first run
+        weights.brick_order.cache_clear()
         return simulate(payload, flat)
 
     reference = run_tosa(delegate.tosa, [int8])

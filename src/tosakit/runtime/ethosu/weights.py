@@ -9,6 +9,7 @@ a 40-bit signed bias, a 32-bit scale and a 6-bit shift."""
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ def decode_scales(data: bytes, depth: int) -> ScaleRecord:
     return ScaleRecord(bias, little(range(5, 9)), raw[:, 9] & 0x3F)
 
 
+@functools.lru_cache(maxsize=64)  # layers of one shape share it: a program's first run builds each once
 def brick_order(ofm_depth: int, kernel_h: int, kernel_w: int, ifm_depth: int, *, ofm_block_depth: int,
                 depthwise: bool, part_kernel_first: bool, ifm_bits: int, decomposition: tuple[int, int],
                 ofm_ublock: int) -> np.ndarray:
@@ -88,7 +90,9 @@ def brick_order(ofm_depth: int, kernel_h: int, kernel_w: int, ifm_depth: int, *,
                     valid = (ifm < (1 if depthwise else ifm_depth)) & (ofm < ofm_depth) & (e // sub_w < sub_h)
                     flat = ((ofm * kernel_h + ky) * kernel_w + kx) * (1 if depthwise else ifm_depth) + ifm
                     pieces.append(np.where(valid, flat, -1).reshape(-1))
-    return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    order.flags.writeable = False  # shared through the cache
+    return order
 
 
 class _Decoded:
