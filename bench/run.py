@@ -54,8 +54,7 @@ def host_runtime(args) -> None:
     flat = [int8.reshape(payload.inputs[0].shape)]  # the TOSA's input bytes, as the I/O table lists them
 
     def cold():
-        weights._DECODED.__init__()  # nothing decoded yet: a program's first run
-        weights.brick_order.cache_clear()
+        weights.clear_caches()  # nothing decoded yet: a program's first run
         return simulate(payload, flat)
 
     reference = run_tosa(delegate.tosa, [int8])

@@ -356,7 +356,10 @@ def _cmd_run(args) -> int:
     else:
         raise TosakitError("tosakit run needs inputs", "pass --inputs file.npz (arrays arg0, arg1, ...) or --random")
     start = time.perf_counter()
-    outputs, comparisons = program.run_and_compare(inputs) if args.verify else (program.run(inputs), [])
+    if args.verify:
+        outputs, comparisons, operations = program.run_and_verify(inputs)
+    else:
+        outputs, comparisons, operations = program.run(inputs), [], []
     seconds = time.perf_counter() - start
     for i, out in enumerate(outputs):
         desc = f"output {i}: {str(out.dtype).replace('torch.', '')}{list(out.shape)}"
@@ -371,7 +374,6 @@ def _cmd_run(args) -> int:
                                                  if simulated else ""))
     for c in comparisons:
         print(f"npu vs tosa: {c}")
-    operations = program.compare_operations(inputs) if args.verify else []
     if operations:
         from .runtime.npu_ops import summary
 

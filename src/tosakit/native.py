@@ -1,4 +1,5 @@
-"""Calling noisy code quietly: what it prints (C++ and Python alike) goes to a string, not the terminal."""
+"""Calling native code: quietly (what it prints, C++ and Python alike, goes to a string, not the terminal), and
+at arm's length (a child process that caps its own address space, read with a deadline)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import contextlib
 import ctypes
 import io
 import os
+import select
 import sys
 import tempfile
 import threading
+import time
 from typing import Iterator
 
 _LOCK = threading.RLock()
@@ -45,3 +48,26 @@ def captured_output(fds: tuple[int, ...] = (1,)) -> Iterator[list[str]]:
             sink.seek(0)
             text.append(python_out.getvalue() + sink.read().decode("utf-8", errors="replace"))
             sink.close()
+
+
+def cap_address_space(extra: int) -> None:
+    """Limit this process's address space to what it maps now plus ``extra`` bytes (Linux; elsewhere nothing)."""
+    import resource
+
+    if os.path.exists("/proc/self/statm"):
+        with open("/proc/self/statm") as f:
+            limit = int(f.read().split()[0]) * resource.getpagesize() + extra
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def read_exact(fd: int, n: int, end: float) -> bytes:
+    """``n`` bytes from ``fd``; TimeoutError past ``end`` (``time.monotonic()``), EOFError if it closes first."""
+    out = bytearray()
+    while len(out) < n:
+        if not select.select([fd], [], [], max(0.0, end - time.monotonic()))[0]:
+            raise TimeoutError
+        chunk = os.read(fd, min(n - len(out), 1 << 20))
+        if not chunk:
+            raise EOFError
+        out += chunk
+    return bytes(out)

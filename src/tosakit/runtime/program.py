@@ -131,7 +131,13 @@ class LoadedProgram:
         reference model, on the same inputs: the outputs, and how each delegate output compares."""
         from .execute import Execution
 
-        plan, layout = self.plan(method), self.layouts[method]
+        self._comparable(method)
+        execution = Execution(self, self.plan(method), self.layouts[method], compare=True)
+        return execution.run(list(inputs)), execution.comparisons
+
+    def _comparable(self, method: str) -> None:
+        """Some delegate of ``method`` runs on the simulator and carries its TOSA, else an error saying why not."""
+        layout = self.layouts[method]
         if not layout.delegate_npu.keys() & layout.delegate_tosa.keys():
             if layout.delegate_npu:
                 raise TosakitError(f"{self.name}: its Ethos-U delegates carry no TOSA to compare the simulator's "
@@ -139,17 +145,15 @@ class LoadedProgram:
             raise TosakitError(f"{self.name}: no delegate of method {method!r} runs on the Ethos-U simulator"
                                + (" (engine 'tosa')" if self.engine == "tosa" else ""),
                                "comparing the engines needs an Ethos-U55/U65 delegate run by the npu engine")
-        execution = Execution(self, plan, layout, compare=True)
-        return execution.run(list(inputs)), execution.comparisons
 
-    def compare_operations(self, inputs, method: str = "forward") -> list:
-        """Each Ethos-U delegate that runs on the simulator and carries its TOSA, per NPU operation: Vela run again on
-        its TOSA with the delegate's flags says which tensor each operation writes (``npu_ops``)."""
+    def run_and_verify(self, inputs, method: str = "forward") -> tuple[list, list[EngineComparison], list]:
+        """``run_and_compare``, and in the same run each such delegate per NPU operation (``npu_ops``: Vela run
+        again on its TOSA with the delegate's flags says which tensor each operation writes)."""
         from .execute import Execution
 
-        execution = Execution(self, self.plan(method), self.layouts[method], operations=True)
-        execution.run(list(inputs))
-        return execution.operations
+        self._comparable(method)
+        execution = Execution(self, self.plan(method), self.layouts[method], compare=True, operations=True)
+        return execution.run(list(inputs)), execution.comparisons, execution.operations
 
 
 def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,

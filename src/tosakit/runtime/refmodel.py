@@ -11,18 +11,15 @@ from __future__ import annotations
 import io
 import json
 import os
-import resource
-import select
 import signal
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 from ..errors import TosakitError, first_line
-from ..native import captured_output
+from ..native import cap_address_space, captured_output, read_exact
 
 _LENGTH = struct.Struct("<Q")
 
@@ -113,18 +110,12 @@ class IsolatedReferenceModel:
             raise self._died(what, engine) from None
 
     def _read(self, n: int, what: str, engine: str) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            left = self.deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-                self.close()
-                raise TosakitError(f"{what}: {engine} did not finish within the time limit",
-                                   "raise it (tosakit run --timeout) if the delegate is that large")
-            chunk = os.read(self.proc.stdout.fileno(), min(n - len(out), 1 << 20))
-            if not chunk:
-                raise EOFError
-            out += chunk
-        return bytes(out)
+        try:
+            return read_exact(self.proc.stdout.fileno(), n, self.deadline)
+        except TimeoutError:
+            self.close()
+            raise TosakitError(f"{what}: {engine} did not finish within the time limit",
+                               "raise it (tosakit run --timeout) if the delegate is that large") from None
 
     def _died(self, what: str, engine: str) -> TosakitError:
         code = self.proc.wait()
@@ -192,19 +183,11 @@ def _serve(max_memory: int) -> None:
 
     from .ethosu.simulate import simulate  # noqa: F401
 
-    if os.path.exists("/proc/self/statm"):  # Linux: cap the address space at what is mapped now + the limit
-        soft = _vm_bytes() + max_memory
-        resource.setrlimit(resource.RLIMIT_AS, (soft, soft))
+    cap_address_space(max_memory)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while header := stdin.read(_LENGTH.size):
         stdout.write(_pack(_reply(_unpack(stdin.read(_LENGTH.unpack(header)[0])))))
         stdout.flush()
-
-
-def _vm_bytes() -> int:
-    """This process's current address-space size."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[0]) * resource.getpagesize()
 
 
 if __name__ == "__main__":

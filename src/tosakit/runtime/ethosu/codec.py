@@ -8,7 +8,6 @@ signed count, then that many int16 weights, or (a negative count) -count bytes o
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import time
 import numpy as np
 
 from ...errors import TosakitError
+from ...native import cap_address_space, read_exact
 
 CODEC_MEMORY = 1 << 30  # address space the codec process may add to what its imports mapped
 CODEC_SECONDS = 60.0  # longest one stream may take when the caller gives no deadline
@@ -45,11 +45,11 @@ class CodecProcess:
         try:
             proc.stdin.write(len(data).to_bytes(8, "little") + data)
             proc.stdin.flush()
-            count = int.from_bytes(self._read(8, end), "little", signed=True)
+            count = int.from_bytes(read_exact(proc.stdout.fileno(), 8, end), "little", signed=True)
             if count < 0:
                 raise TosakitError(f"the weight stream ({len(data)} bytes) does not decode: "
-                                   f"{self._read(-count, end).decode(errors='replace')}", _FIX)
-            return np.frombuffer(self._read(2 * count, end), "<i2").astype(np.int16)
+                                   f"{read_exact(proc.stdout.fileno(), -count, end).decode(errors='replace')}", _FIX)
+            return np.frombuffer(read_exact(proc.stdout.fileno(), 2 * count, end), "<i2").astype(np.int16)
         except (BrokenPipeError, EOFError):
             proc.wait()
             raise TosakitError(f"Vela's weight codec stopped on the weight stream ({len(data)} bytes): "
@@ -58,18 +58,6 @@ class CodecProcess:
             self.close()
             raise TosakitError(f"Vela's weight codec ran past the time limit on the weight stream ({len(data)} bytes)",
                                "raise the time limit (--timeout SECONDS), or the stream is damaged") from None
-
-    def _read(self, n: int, end: float) -> bytes:
-        out = bytearray()
-        fd = self.proc.stdout.fileno()
-        while len(out) < n:
-            if not select.select([fd], [], [], max(0.0, end - time.monotonic()))[0]:
-                raise TimeoutError
-            chunk = os.read(fd, min(n - len(out), 1 << 20))
-            if not chunk:
-                raise EOFError
-            out += chunk
-        return bytes(out)
 
     def _last_message(self) -> str:
         self.log.seek(0)
@@ -88,13 +76,9 @@ CODEC = CodecProcess()
 
 def _serve(memory: int) -> None:
     """Answer requests from standard input until it closes."""
-    import resource
-
     from ethosu import mlw_codec
 
-    with open("/proc/self/statm") as f:
-        limit = int(f.read().split()[0]) * resource.getpagesize() + memory
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    cap_address_space(memory)
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     while len(head := source.read(8)) == 8:
         data = source.read(int.from_bytes(head, "little"))

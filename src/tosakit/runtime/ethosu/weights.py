@@ -122,6 +122,12 @@ class _Decoded:
 _DECODED = _Decoded()
 
 
+def clear_caches() -> None:
+    """Forget every decoded stream and brick order: the next run is a program's first."""
+    _DECODED.__init__()
+    brick_order.cache_clear()
+
+
 def decode_weights(data: bytes, *, kernel_h: int, kernel_w: int, ifm_depth: int, ofm_depth: int,
                    ofm_block_depth: int, depthwise: bool, weight_order: str, decomposition: str,
                    dilation: tuple[int, int], ifm_bits: int, accelerator: str,
