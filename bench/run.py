@@ -76,7 +76,7 @@ def host_runtime(args) -> None:
             ("tosakit run .pte --engine npu", whole["npu"]), ("tosakit run .pte --engine tosa", whole["tosa"])]
     for label, seconds in rows:
         print(f"  {label:<42}{seconds:>8.3f} s{seconds / alone:>8.2f}x the reference model")
-    print(f"goal: simulator no slower than the reference model: {'met' if again <= alone else 'NOT met'} "
+    print(f"goal: simulator no slower than the reference model: {'met' if max(first, again) <= alone else 'NOT met'} "
           f"(run again {again / alone:.2f}x, first run {first / alone:.2f}x)")
 
 

@@ -13,7 +13,12 @@ from torch import nn
 from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, ethosu_delegates, npu_inputs
 from tosakit.errors import TosakitError
 from tosakit.flow import compile
+from tosakit.runtime.ethosu import npu, weights
+from tosakit.runtime.ethosu.codec import CODEC
+from tosakit.runtime.ethosu.commands import decode
 from tosakit.runtime.ethosu.memory import NpuAccessError
+from tosakit.runtime.ethosu.npu import weight_streams
+from tosakit.runtime.ethosu.registers import register_map
 from tosakit.runtime.ethosu.simulate import simulate
 from tosakit.runtime.ethosu.weights import brick_order
 from tosakit.specs import EthosUCompileSpec
@@ -131,6 +136,45 @@ def test_brick_order_is_vela_codecs(depthwise, part_kernel, bits):
                             part_kernel_first=part_kernel, ifm_bits=bits, decomposition=(sub, sub), ofm_ublock=8)
         stream = np.asarray(mlw_codec.decode(encoded))[: order.size]
         assert np.array_equal(stream, np.where(order >= 0, w.reshape(-1)[np.maximum(order, 0)], 0))
+
+
+@pytest.mark.parametrize("target,memory_mode", [("ethos-u55-128", "Shared_Sram"), ("ethos-u65-256", "Dedicated_Sram"),
+                                                ("ethos-u55-128", "Sram_Only")])
+def test_weight_streams_found_ahead_are_the_ones_the_run_reads(target, memory_mode, monkeypatch):
+    """The streams the codec decodes ahead of a run, found from the registers alone, are exactly the ones
+    its convolutions read, in order: from flash, or through the DMA that copied them into SRAM."""
+    model, inputs = MODELS["mv2"].factory()
+    [(_, payload)] = delegates(model, inputs, target, memory_mode)
+    stream = decode(payload.cmd_data)
+    regions = {c.field("region") for c in stream.commands if c.register.name == "NPU_SET_WEIGHT_REGION"}
+    # Weights read from flash (region 0), and from the SRAM a DMA copied them into: the scratch (region 1) in
+    # Shared_Sram, the fast scratch (region 2) in Dedicated_Sram.
+    assert regions == {"Sram_Only": {0}, "Shared_Sram": {0, 1}, "Dedicated_Sram": {0, 2}}[memory_mode]
+    ahead = weight_streams(stream.commands, register_map(stream.accelerator_config.accelerator), payload.weight_data,
+                           budget=1 << 30)
+    read, original = [], npu.decode_weights
+    monkeypatch.setattr(npu, "decode_weights", lambda data, **kw: read.append(data) or original(data, **kw))
+    weights.clear_caches()
+    simulate(payload, npu_inputs(payload, seed=0))
+    assert ahead and ahead == list(dict.fromkeys(read))
+
+
+def test_codec_decodes_ahead_and_keeps_each_error_for_its_stream():
+    """Streams decoded ahead answer as when asked one by one; a stream that ends the codec's process fails
+    only the operation that reads it, and a damaged stream nobody reads fails nothing."""
+    from ethosu import mlw_codec
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(-255, 256, (8, 1, 1, 16)).astype(np.int16)
+    good = bytes(mlw_codec.reorder_encode(8, 8, w, 8, False, False, 8, 8, 8)[0])
+    alone = CODEC.decode(good)
+    cut, unread = good[:5], good[:16]  # each makes the codec exit(1)
+    with CODEC.ahead([cut, good, unread]):
+        with pytest.raises(TosakitError, match="weight codec stopped on the weight stream .5 bytes"):
+            CODEC.decode(cut)
+        assert np.array_equal(CODEC.decode(good), alone)
+        assert np.array_equal(CODEC.decode(good[:]), alone)
+    assert np.array_equal(CODEC.decode(good), alone)
 
 
 # ------------------------------------------------------------------ elementwise, LUTs, reductions

@@ -4,6 +4,7 @@ numpy-vectorised executor per operation family (convolution, pooling, elementwis
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -338,6 +339,34 @@ def dma(npu: Npu, command) -> None:
         npu.shram[dst: dst + length] = np.frombuffer(npu.memory.read_bytes(src_region, src, length), np.uint8)
         return
     npu.memory.copy(src_region, src, dst_region, dst, length)
+
+
+def weight_streams(commands, register_map: dict, constant: bytes, budget: int) -> list[bytes]:
+    """The weight streams the convolutions of ``commands`` will read, in order, found from the registers alone
+    (no data flows into them): read from the constant region, or from where a DMA copied them from it. A guess
+    that only speeds a run up (the codec decodes them ahead): at most ``budget`` bytes, each stream once."""
+    regs, copies, found, total = Registers(register_map), deque(maxlen=64), {}, 0  # recent copies only
+    value = lambda register, field: regs.value(f"NPU_SET_{register}", field)  # noqa: E731
+    for command in commands:
+        name = command.register.name
+        if name == "NPU_OP_DMA_START":
+            copies.append((value("DMA0_DST_REGION", "region"), value("DMA0_DST", "addr"),
+                           value("DMA0_LEN", "addr"), value("DMA0_SRC_REGION", "region"), value("DMA0_SRC", "addr")))
+        elif name in ("NPU_OP_CONV", "NPU_OP_DEPTHWISE"):
+            region, start = value("WEIGHT_REGION", "region"), value("WEIGHT_BASE", "addr")
+            length = value("WEIGHT_LENGTH", "length")
+            for dst_region, dst, size, src_region, src in reversed(copies):  # the last copy there wins
+                if dst_region == region and dst <= start and start + length <= dst + size:
+                    region, start = src_region, src + start - dst
+                    break
+            if region == 0 and start + length <= len(constant) and (start, length) not in found:
+                total += length
+                if total > budget:
+                    break
+                found[start, length] = constant[start: start + length]
+        elif name not in OPERATIONS:
+            regs.set(command)
+    return list(found.values())
 
 
 for _wait in ("NPU_OP_DMA_WAIT", "NPU_OP_KERNEL_WAIT", "NPU_OP_PMU_MASK", "NPU_OP_IRQ", "NPU_OP_STOP"):

@@ -56,43 +56,81 @@ def brick_order(ofm_depth: int, kernel_h: int, kernel_w: int, ifm_depth: int, *,
                 ofm_ublock: int) -> np.ndarray:
     """For each weight of the (uncompressed) stream, its flat index in an [OFM, KH, KW, IFM] tensor (IFM 1
     for depthwise), or -1 where the stream holds padding."""
-    decomp_h, decomp_w = decomposition
-    ifm_block = 16 if part_kernel_first or ifm_bits == 16 else 32
+    shape = _Layout(ofm_depth, kernel_h, kernel_w, 1 if depthwise else ifm_depth, depthwise, part_kernel_first,
+                    ifm_bits, decomposition, ofm_ublock)
+    # Every full OFM block repeats the first one's order, moved by its first channel; a last partial block
+    # has fewer micro-blocks and is built on its own.
+    full, rest = divmod(ofm_depth, ofm_block_depth)
     pieces = []
-    for ofm_block_z in range(0, ofm_depth, ofm_block_depth):
-        block_depth = min(ofm_block_depth, ofm_depth - ofm_block_z)
-        for ifm_block_z in range(0, 1 if depthwise else ifm_depth, ifm_block):
-            if depthwise:
-                block_ifm = IFM_UBLOCK_DEPTH
-            else:
-                block_ifm = min(ifm_block, ifm_depth - ifm_block_z) if part_kernel_first else ifm_block
-            for sy in range(0, kernel_h, decomp_h):
-                sub_h = min(kernel_h - sy, decomp_h)
-                for sx in range(0, kernel_w, decomp_w):
-                    sub_w = min(kernel_w - sx, decomp_w)
-                    elements = sub_w * sub_h
-                    if part_kernel_first:
-                        elements = -(-elements // (2 if ifm_bits == 16 else 4)) * (2 if ifm_bits == 16 else 4)
-                    elif depthwise:
-                        elements = -(-elements // 4) * 4
-                    outer = np.arange(0, block_ifm if part_kernel_first else 1, IFM_UBLOCK_DEPTH)
-                    inner = np.arange(0, 1 if part_kernel_first else block_ifm, IFM_UBLOCK_DEPTH)
-                    ofm_ublk = np.arange(0, block_depth, ofm_ublock)
-                    element = np.arange(elements)
-                    ofm_z = np.arange(ofm_ublock)
-                    ifm_z = np.arange(1 if depthwise else IFM_UBLOCK_DEPTH)
-                    # Loop nest, outermost first: outer IFM ublock, OFM ublock, element, inner IFM ublock,
-                    # OFM depth in the ublock, IFM depth in the ublock.
-                    o, u, e, i, oz, iz = np.meshgrid(outer, ofm_ublk, element, inner, ofm_z, ifm_z, indexing="ij")
-                    ky, kx = sy + e // sub_w, sx + e % sub_w
-                    ofm = ofm_block_z + u + oz
-                    ifm = ifm_block_z + o + i + iz
-                    valid = (ifm < (1 if depthwise else ifm_depth)) & (ofm < ofm_depth) & (e // sub_w < sub_h)
-                    flat = ((ofm * kernel_h + ky) * kernel_w + kx) * (1 if depthwise else ifm_depth) + ifm
-                    pieces.append(np.where(valid, flat, -1).reshape(-1))
+    if full:
+        first = shape.block(0, ofm_block_depth)
+        moved = first[None, :] + np.arange(full)[:, None] * (ofm_block_depth * shape.per_ofm)
+        pieces.append(np.where(first >= 0, moved, -1).reshape(-1))
+    if rest:
+        pieces.append(shape.block(full * ofm_block_depth, rest))
     order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     order.flags.writeable = False  # shared through the cache
     return order
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A weight tensor's shape and the stream order's parameters (``brick_order``'s arguments)."""
+
+    ofm_depth: int
+    kernel_h: int
+    kernel_w: int
+    ifm_depth: int  # 1 for depthwise
+    depthwise: bool
+    part_kernel_first: bool
+    ifm_bits: int
+    decomposition: tuple[int, int]
+    ofm_ublock: int
+
+    @property
+    def per_ofm(self) -> int:
+        return self.kernel_h * self.kernel_w * self.ifm_depth
+
+    def block(self, ofm_block_z: int, block_depth: int) -> np.ndarray:
+        """The order of one OFM block: IFM blocks, then sub-kernels, each a nest of micro-blocks."""
+        ifm_block = 16 if self.part_kernel_first or self.ifm_bits == 16 else 32
+        pieces = []
+        for ifm_block_z in range(0, self.ifm_depth, ifm_block):
+            if self.depthwise:
+                block_ifm = IFM_UBLOCK_DEPTH
+            elif self.part_kernel_first:
+                block_ifm = min(ifm_block, self.ifm_depth - ifm_block_z)
+            else:
+                block_ifm = ifm_block
+            for sy in range(0, self.kernel_h, self.decomposition[0]):
+                for sx in range(0, self.kernel_w, self.decomposition[1]):
+                    pieces.append(self.subkernel(ofm_block_z, block_depth, ifm_block_z, block_ifm, sy, sx))
+        return np.concatenate(pieces)
+
+    def subkernel(self, ofm_block_z: int, block_depth: int, ifm_block_z: int, block_ifm: int, sy: int,
+                  sx: int) -> np.ndarray:
+        """One sub-kernel's nest, outermost first: outer IFM micro-block (part-kernel-first), OFM micro-block,
+        kernel element, inner IFM micro-block (depth-first), OFM depth in the micro-block, IFM depth in it."""
+        sub_h = min(self.kernel_h - sy, self.decomposition[0])
+        sub_w = min(self.kernel_w - sx, self.decomposition[1])
+        elements = sub_w * sub_h
+        if self.part_kernel_first:
+            elements = -(-elements // (2 if self.ifm_bits == 16 else 4)) * (2 if self.ifm_bits == 16 else 4)
+        elif self.depthwise:
+            elements = -(-elements // 4) * 4
+        ublocks = lambda n: np.arange(0, n, IFM_UBLOCK_DEPTH)  # noqa: E731
+        outer = ublocks(block_ifm if self.part_kernel_first else 1)[:, None, None, None, None, None]
+        inner = ublocks(1 if self.part_kernel_first else block_ifm)[None, None, None, :, None, None]
+        ofm_ublk = np.arange(0, block_depth, self.ofm_ublock)[None, :, None, None, None, None]
+        e = np.arange(elements)[None, None, :, None, None, None]
+        ofm_z = np.arange(self.ofm_ublock)[None, None, None, None, :, None]
+        ifm_z = np.arange(1 if self.depthwise else IFM_UBLOCK_DEPTH)[None, None, None, None, None, :]
+        ky, kx = sy + e // sub_w, sx + e % sub_w
+        ofm = ofm_block_z + ofm_ublk + ofm_z
+        ifm = ifm_block_z + outer + inner + ifm_z
+        valid = (ifm < self.ifm_depth) & (ofm < self.ofm_depth) & (e // sub_w < sub_h)
+        flat = ((ofm * self.kernel_h + ky) * self.kernel_w + kx) * self.ifm_depth + ifm
+        return np.where(valid, flat, -1).reshape(-1)
 
 
 class _Decoded:
@@ -111,6 +149,9 @@ class _Decoded:
             self.items.move_to_end(key)
         return found
 
+    def has_stream(self, data: bytes) -> bool:
+        return any(key[0] == data for key in self.items)
+
     def put(self, key, weights: np.ndarray) -> None:
         self.items[key] = weights
         self.nbytes += weights.nbytes + len(key[0])
@@ -126,6 +167,11 @@ def clear_caches() -> None:
     """Forget every decoded stream and brick order: the next run is a program's first."""
     _DECODED.__init__()
     brick_order.cache_clear()
+
+
+def decoded(data: bytes) -> bool:
+    """Whether the weight stream ``data`` is decoded already (for some layout)."""
+    return _DECODED.has_stream(data)
 
 
 def decode_weights(data: bytes, *, kernel_h: int, kernel_w: int, ifm_depth: int, ofm_depth: int,
