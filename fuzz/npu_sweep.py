@@ -14,29 +14,25 @@ other exception, a crash, an exit, a hang, more time or memory is a finding, wri
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 import os
+import random
+import re
+import resource
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter, deque
+from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: one BLAS thread per case process
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import random  # noqa: E402
-import re  # noqa: E402
-import resource  # noqa: E402
-import select  # noqa: E402
-import signal  # noqa: E402
-import struct  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from collections import Counter, deque  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 DEADLINE_SECONDS = 2.0  # the deadline simulate() is given
@@ -370,8 +366,11 @@ class Batch:
         self.cases, self.reported, self.last = cases, 0, time.monotonic()
         self.stderr = scratch / f"batch{cases[0]}.stderr"
         with open(self.stderr, "wb") as err:
+            # One BLAS and OpenMP thread per case process (set for the child only: importing this module
+            # must not change the thread count of the process that imports it, a test run's worker).
+            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
             self.proc = subprocess.Popen([sys.executable, __file__, "--child"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err)
+                                         stdout=subprocess.PIPE, stderr=err, env=env)
         self.proc.stdin.write(json.dumps({"seeds": [str(p) for p in seeds], "seed": seed, "cases": cases}).encode())
         self.proc.stdin.close()
 
