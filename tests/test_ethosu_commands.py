@@ -1,5 +1,5 @@
-"""Ethos-U55/U65 command streams: the register table, the decoder and the disassembler, against regor's own
-listing (``--verbose-register-command-stream``) of the built-in models, line for line."""
+"""Ethos-U command streams (U55/U65 and U85): the register tables, the decoder and the disassembler, against
+regor's own listing (``--verbose-register-command-stream``) of the built-in models, line for line."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ from tosakit.backends.ethosu.vela import compile_tosa
 from tosakit.cli import main
 from tosakit.errors import TosakitError
 from tosakit.runtime import load
-from tosakit.runtime.ethosu.commands import decode, disassemble
-from tosakit.runtime.ethosu.registers import U55, Register, register_map
+from tosakit.runtime.ethosu.commands import NotSimulatedError, decode, disassemble
+from tosakit.runtime.ethosu.registers import U55, U85, Register, register_map
 from tosakit.specs import EthosUCompileSpec
 
-ACCELERATORS = ("ethos-u55-128", "ethos-u65-256")
+ACCELERATORS = ("ethos-u55-128", "ethos-u65-256", "ethos-u85-128", "ethos-u85-256", "ethos-u85-512", "ethos-u85-2048")
 U55_128_CONFIG, ARCH_1_0_6 = 0x00001807, 0x10066001  # what Vela writes for ethos-u55-128
+U85_256_CONFIG = 0x20000118  # what Vela writes for ethos-u85-256
+ARCH = {"ethos-u55": (1, 0, 6), "ethos-u65": (1, 0, 6), "ethos-u85": (2, 0, 0)}
+MAPS = {"U55": U55, "U85": U85}
 NOP = 0x00000005
 STOP = 0xFFFF0000  # NPU_OP_STOP, mask 0xffff
 
@@ -30,14 +33,16 @@ STOP = 0xFFFF0000  # NPU_OP_STOP, mask 0xffff
 
 
 @functools.cache
-def _delegate_tosa(model_name: str) -> tuple[bytes, ...]:
-    """The TOSA of each Ethos-U delegate of a built-in model, int8."""
+def _delegate_tosa(model_name: str, family: str) -> tuple[bytes, ...]:
+    """The TOSA of each Ethos-U delegate of a built-in model, int8, partitioned for ``family`` (its
+    smallest configuration)."""
     from tosakit.flow import compile
     from tosakit.program import LoweredBackendModule
     from tosakit.zoo import MODELS
 
     module, inputs = MODELS[model_name].factory()
-    compiled = compile(module, inputs, "ethos-u55-128", quantize=True)
+    compiled = compile(module, inputs, {"ethos-u55": "ethos-u55-128", "ethos-u65": "ethos-u65-256",
+                                        "ethos-u85": "ethos-u85-128"}[family], quantize=True)
     found = tuple(m.tosa for m in compiled.edge.program.graph_module.children()
                   if isinstance(m, LoweredBackendModule))
     assert found, f"{model_name}: nothing was delegated"
@@ -55,14 +60,17 @@ def _regor(tosa: bytes, accelerator: str) -> tuple[bytes, int, list[str]]:
 
 
 @pytest.mark.parametrize("accelerator", ACCELERATORS)
-@pytest.mark.parametrize("model_name", ["digits", "waves", "audio1d", pytest.param("mv2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("model_name", ["digits", "waves", "audio1d", pytest.param("mv2", marks=pytest.mark.slow),
+                                        pytest.param("transformer", marks=pytest.mark.slow),
+                                        pytest.param("unet", marks=pytest.mark.slow)])
 def test_disassembly_is_regors_listing(model_name, accelerator):
-    for tosa in _delegate_tosa(model_name):
+    family = accelerator.rsplit("-", 1)[0]
+    for tosa in _delegate_tosa(model_name, family):
         cmd_data, words, listing = _regor(tosa, accelerator)
         stream = decode(cmd_data, accelerator)
         assert sum(2 if c.data is not None else 1 for c in stream.commands) == words
         assert stream.accelerator_config.accelerator == accelerator
-        assert stream.accelerator_config.arch_version == (1, 0, 6)
+        assert stream.accelerator_config.arch_version == ARCH[family]
         mine = disassemble(stream)
         for k, (got, want) in enumerate(zip(mine, listing)):
             assert got == want, f"line {k}:\n  ours:  {got}\n  regor: {want}"
@@ -101,8 +109,24 @@ def test_the_table_has_every_vela_opcode():
     assert register_map("ethos-u65-256") is U55
 
 
-def test_fields_fit_their_command_and_do_not_overlap():
-    for register in U55.values():
+def test_u85_table_differs_from_u55_where_regor_says():
+    """Codes the U85 gives other meanings (and enum values it renumbers) are its own, not U55's."""
+    assert register_map("ethos-u85-256") is U85
+    moved = {0x4025: ("NPU_SET_OPA_SCALE", "NPU_SET_IFM_SCALE"), 0x4026: ("NPU_SET_OPB_SCALE", "NPU_SET_IFM2_SCALE"),
+             0x012D: ("NPU_SET_AB_START", "NPU_SET_RESIZE_Y_OFFSET"),
+             0x4033: ("NPU_SET_DMA0_SKIP0", "NPU_SET_DMA0_SRC_STRIDE0"),
+             0x4092: ("NPU_SET_SCALE1_BASE", "NPU_SET_WEIGHT2_BASE")}
+    for code, (u55, u85) in moved.items():
+        assert (U55[code].name, U85[code].name) == (u55, u85)
+    function = lambda table: next(f for f in table[0x0125].fields if f.name == "activation_function").enum  # noqa: E731
+    assert function(U55)[4] == "ACTIVATION_FUNCTION_SIGMOID" and function(U85)[4] == "ACTIVATION_FUNCTION_LUT_S8_S8"
+    assert {"NPU_OP_RESIZE", "NPU_SET_WEIGHT_FORMAT", "NPU_SET_OP_SCALAR", "NPU_OP_BRANCH"} <= \
+        {r.name for r in U85.values()} - {r.name for r in U55.values()}
+
+
+@pytest.mark.parametrize("table", MAPS)
+def test_fields_fit_their_command_and_do_not_overlap(table):
+    for register in MAPS[table].values():
         used = 0
         for f in register.fields:
             mask = ((1 << f.width) - 1) << f.lsb
@@ -127,12 +151,14 @@ def _top(f) -> int:
     return max(f.enum) if f.enum is not None else (1 << f.width) - 1
 
 
-def test_every_register_round_trips():
-    for register in U55.values():
+@pytest.mark.parametrize("table", MAPS)
+def test_every_register_round_trips(table):
+    config = {"U55": U55_128_CONFIG, "U85": U85_256_CONFIG}[table]
+    for register in MAPS[table].values():
         cases = [_values(register, _valid)]
         cases += [_values(register, lambda k, f, one=one: _top(f) if f is one else 0) for one in register.fields]
         for values in cases:
-            stream = decode(_cmd_data([*_encode(register, values), STOP]))
+            stream = decode(_cmd_data([*_encode(register, values), STOP], config=config))
             command = stream.commands[0]
             assert command.register is register
             assert command.fields == values, register.name
@@ -192,24 +218,28 @@ def test_header_faults():
     _fails(b"COP1" + struct.pack("<2I", 0x00100001, U55_128_CONFIG), "byte 0x4", "lacks its config and id words")
     _fails(b"COP1" + struct.pack("<I", 0x03), "byte 0x4", "driver action 3")
     _fails(_cmd_data([STOP])[:-8], "no command stream")
-    _fails(_cmd_data([STOP], config=0x20001807), "an Ethos-U85 command stream, which the simulator does not run yet")
     _fails(_cmd_data([STOP], config=0x00001800 | 15), "32768 MACs per cycle")
     with pytest.raises(TosakitError, match="compiled for ethos-u55-128, not ethos-u65-256"):
         decode(_cmd_data([STOP]), "ethos-u65-256")
 
 
-def test_u85_is_not_yet():
-    with pytest.raises(TosakitError, match="ethos-u85-256 command streams are not decoded yet"):
-        register_map("ethos-u85-256")
+def test_u85_streams_decode_and_are_not_simulated_yet():
+    stream = decode(_cmd_data([STOP], config=U85_256_CONFIG))
+    assert stream.accelerator_config.accelerator == "ethos-u85-256" and stream.accelerator_config.shram_kib is None
+    with pytest.raises(NotSimulatedError, match="an Ethos-U85 command stream .ethos-u85-256., which the simulator "
+                                                "does not run yet"):
+        stream.require_simulated()
+    assert decode(_cmd_data([STOP])).require_simulated().commands[0].register.name == "NPU_OP_STOP"
     with pytest.raises(TosakitError, match="unknown Ethos-U accelerator"):
         register_map("ethos-u56-128")
 
 
-def test_damaged_streams_fail_cleanly():
+@pytest.mark.parametrize("table", MAPS)
+def test_damaged_streams_fail_cleanly(table):
     """Every truncation and single-word corruption of a stream of all commands decodes or raises TosakitError."""
-    stream = [w for r in U55.values() for w in _encode(r, _values(r, _valid))] + [STOP]
-    good = _cmd_data(stream)
-    assert len(decode(good).commands) == len(U55) + 1
+    stream = [w for r in MAPS[table].values() for w in _encode(r, _values(r, _valid))] + [STOP]
+    good = _cmd_data(stream, config={"U55": U55_128_CONFIG, "U85": U85_256_CONFIG}[table])
+    assert len(decode(good).commands) == len(MAPS[table]) + 1
     damaged = [good[:n] for n in range(0, len(good), 4)]
     damaged += [good[:n] + bytes([good[n] ^ bit]) + good[n + 1:] for n in range(0, len(good), 3) for bit in (1, 0x80)]
     for cmd_data in damaged:
@@ -237,3 +267,18 @@ def test_inspect_lists_the_command_stream(tmp_path, monkeypatch, capsys):
     [delegate] = program.program.execution_plan[0].delegates
     assert listing[1:] == disassemble(decode(parse_payload(program.delegate_payload(delegate)).cmd_data))
     assert "NPU_OP_ELEMENTWISE" in out and listing[-1].split(" - ")[1].startswith("NPU_OP_STOP")
+
+
+def test_inspect_lists_an_ethos_u85_command_stream(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", "-q", "-m", "add", "-t", "ethos-u85-256", "--delegate", "--quantize", "-o", "add.pte"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", "--commands", "add.pte"]) == 0
+    listing = capsys.readouterr().out.split("method forward, delegate 0")[1].splitlines()
+    assert re.fullmatch(r" \(EthosUBackend\): ethos-u85-256 command stream, \d+ commands in \d+ words "
+                        r"\(architecture 2\.0\.0\)", listing[0])
+    program = load(tmp_path / "add.pte")
+    [delegate] = program.program.execution_plan[0].delegates
+    assert listing[1:] == disassemble(decode(parse_payload(program.delegate_payload(delegate)).cmd_data))
+    assert any("elementwise_mode = ELEMENTWISE_MODE_ADD" in ln for ln in listing)
+    assert listing[-1].split(" - ")[1].startswith("NPU_OP_STOP")

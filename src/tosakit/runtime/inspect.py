@@ -80,8 +80,9 @@ def command_listing(loaded: LoadedProgram) -> str:
             stream = decode(parse_payload(loaded.delegate_payload(d)).cmd_data)
             c = stream.accelerator_config
             words = sum(2 if cmd.data is not None else 1 for cmd in stream.commands)
+            shram = "" if c.shram_kib is None else f"SHRAM {c.shram_kib} KiB, "
             lines.append(f"method {plan.name}, delegate {k} (EthosUBackend): {c.accelerator} command stream, "
-                         f"{len(stream.commands)} commands in {words} words (SHRAM {c.shram_kib} KiB, "
+                         f"{len(stream.commands)} commands in {words} words ({shram}"
                          f"architecture {'.'.join(map(str, c.arch_version))})")
             lines += disassemble(stream)
     return "\n".join(lines) if lines else "no Ethos-U delegate: no command stream to list"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ...errors import TosakitError
 from ...specs import ETHOSU_TARGETS
-from .registers import Register, register_map
+from .registers import Field, Register, register_map
 
 FOURCC = b"COP1"
 # Driver actions: the low byte of a tag word (see Vela's driver_actions.py and the Ethos-U core driver).
@@ -25,6 +25,8 @@ class NotSimulatedError(TosakitError):
     mode not implemented. Unlike damage, running the delegate's TOSA instead is a way out."""
 
 
+SIMULATED = ("ethos-u55", "ethos-u65")  # the architectures whose streams the simulator runs
+
 def _bits(word: int, lsb: int, width: int) -> int:
     return (word >> lsb) & ((1 << width) - 1)
 
@@ -33,9 +35,9 @@ def _bits(word: int, lsb: int, width: int) -> int:
 class AcceleratorConfig:
     """What the driver header's config and id words say the stream was compiled for."""
 
-    product: str  # "ethos-u55" or "ethos-u65"
+    product: str  # "ethos-u55", "ethos-u65" or "ethos-u85"
     macs_per_cycle: int
-    shram_kib: int
+    shram_kib: int | None  # None on the U85, which has no SHRAM
     cmd_stream_version: int
     custom_dma: bool
     arch_version: tuple[int, int, int]  # major, minor, patch of the NPU architecture
@@ -51,11 +53,9 @@ class AcceleratorConfig:
         if product is None:
             raise TosakitError(f"{where}: the config word {config:#010x} names unknown NPU product "
                                f"{_bits(config, 28, 4)}", _FIX)
-        if product == "ethos-u85":
-            raise NotSimulatedError(f"{where}: an Ethos-U85 command stream, which the simulator does not run yet "
-                                    "(it runs Ethos-U55 and U65)",
-                               "inspect or simulate an ethos-u55 or ethos-u65 program")
-        found = cls(product, 1 << _bits(config, 0, 4), _bits(config, 8, 8), _bits(config, 4, 4),
+        # Bits 8..15 hold the SHRAM size on U55/U65; the U85 has no SHRAM (they hold AXI and core counts).
+        shram = None if product == "ethos-u85" else _bits(config, 8, 8)
+        found = cls(product, 1 << _bits(config, 0, 4), shram, _bits(config, 4, 4),
                     bool(_bits(config, 27, 1)), (_bits(ident, 28, 4), _bits(ident, 20, 8), _bits(ident, 16, 4)))
         if found.accelerator not in ETHOSU_TARGETS:
             raise TosakitError(f"{where}: the config word {config:#010x} names {product} with "
@@ -97,6 +97,14 @@ class CommandStream:
 
     accelerator_config: AcceleratorConfig
     commands: list[Command]
+
+    def require_simulated(self) -> "CommandStream":
+        """This stream, when the simulator runs its architecture; NotSimulatedError otherwise."""
+        if self.accelerator_config.product not in SIMULATED:
+            raise NotSimulatedError(f"an Ethos-U85 command stream ({self.accelerator_config.accelerator}), which the "
+                                    "simulator does not run yet (it runs Ethos-U55 and U65; `tosakit inspect "
+                                    "--commands` lists it)", "run the delegate's TOSA instead (tosakit run --engine tosa)")
+        return self
 
 
 def _stream_error(offset: int, start: int, message: str) -> TosakitError:
@@ -172,11 +180,17 @@ def decode(cmd_data: bytes, accelerator: str | None = None) -> CommandStream:
     return CommandStream(config, _commands(body, 4 * first, registers))
 
 
-def _shown(name: str, value: int, enum: dict[int, str] | None) -> str:
-    """A field value as regor prints it: an enum name, an address in hex, anything else in decimal."""
-    if enum is not None:
-        return enum[value]
-    return f"{value:#x}" if name == "addr" else str(value)
+def _shown(f: Field, value: int) -> str:
+    """A field value as regor prints it: an enum name, an address in hex, anything else in decimal (a signed
+    field with its sign; a negative 32-bit one, e.g. U85's OP_SCALAR, one below its unsigned bit pattern, as
+    regor's listing prints it)."""
+    if f.enum is not None:
+        return f.enum[value]
+    if f.name == "addr":
+        return f"{value:#x}"
+    if f.signed and value >> (f.width - 1):
+        return str(value - 1) if f.width == 32 else str(value - (1 << f.width))
+    return str(value)
 
 
 def disassemble(stream: CommandStream) -> list[str]:
@@ -186,6 +200,6 @@ def disassemble(stream: CommandStream) -> list[str]:
         payload = " " * 8 if c.data is None else f"{c.data:08x}"
         head = f"{c.offset:#08x}: {payload} {c.param:04x} {c.register.code:04x} - {c.register.name:<30} {c.param:5}"
         value = c.value
-        lines.append(head + "".join(f", {f.name} = {_shown(f.name, _bits(value, f.lsb, f.width), f.enum)}"
+        lines.append(head + "".join(f", {f.name} = {_shown(f, _bits(value, f.lsb, f.width))}"
                                     for f in c.register.fields))
     return lines

@@ -57,7 +57,7 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
     ``accelerator`` (by default the one the stream's header names), stopping with an error past ``deadline``
     (a ``time.monotonic()`` value); refused before anything is allocated if its regions need more than
     ``max_memory`` bytes. ``observe(npu, command)`` is called after each operation."""
-    stream = decode(payload.cmd_data, accelerator)
+    stream = decode(payload.cmd_data, accelerator).require_simulated()
     accelerator = stream.accelerator_config.accelerator
     if memory_needed(payload) > max_memory:
         raise TosakitError(f"simulating the Ethos-U delegate needs {memory_needed(payload)} bytes (scratch "
