@@ -38,7 +38,7 @@ def test_closed_pipe_is_quiet():
     assert proc.wait(timeout=120) == 0 and err == "", err
 
 
-@pytest.mark.parametrize("when", [0.3, 2.0, "partitioning and lowering"])
+@pytest.mark.parametrize("when", [0.15, 0.2, 0.25, 0.3, 0.5, 2.0, "partitioning and lowering"])
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, when):
     """Ctrl-C while starting, importing torch (after a delay in seconds) or compiling (when the progress line
     says so): exit 130, 'interrupted', no traceback, no file. SIGINT is reset to its default in the child: a

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -620,9 +622,25 @@ def _quiet_exit(message: str | None = None) -> None:
         pass
 
 
+def _on_sigint(signum, frame) -> None:
+    """Ctrl-C: KeyboardInterrupt, but never inside an import — raised while a native module initialises it
+    crashed the process (numpy: SIGSEGV), and a library's import-time ``except`` swallowed it (the compile
+    then finished) — so inside one the signal is sent again 50 ms later."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
+
+
 def entry() -> None:
     """The ``tosakit`` command. After Ctrl-C the process ends at once with 130: interpreter shutdown could
     otherwise meet the interrupt again in half-imported native modules and die by the signal."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when Ctrl-C is ignored (a background job)
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         code = main()
     except KeyboardInterrupt:  # between the interpreter's start and main()'s handler
