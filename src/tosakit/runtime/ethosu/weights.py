@@ -1,11 +1,18 @@
 """An NPU operation's weight and scale streams, read back into tensors.
 
-Weights are compressed by Vela's codec (decoded here by ``ethosu.mlw_codec.decode``, the codec Vela ships, in
-a process of its own: ``codec``) after a reordering into the order the NPU's MAC array consumes them: OFM
-blocks, then IFM blocks, then sub-kernels (at most 8x8, 4x4 when dilated), then micro-blocks of OFM and IFM
-depth. ``brick_order`` states
-that order as data; ``decode_weights`` inverts it. The scale stream holds one 10-byte record per OFM channel:
-a 40-bit signed bias, a 32-bit scale and a 6-bit shift."""
+Ethos-U55/U65: weights are compressed by Vela's codec (decoded here by ``ethosu.mlw_codec.decode``, the codec
+Vela ships, in a process of its own: ``codec``) after a reordering into the order the NPU's MAC array
+consumes them: OFM blocks, then IFM blocks, then sub-kernels (at most 8x8, 4x4 when dilated), then
+micro-blocks of OFM and IFM depth. ``brick_order`` states that order as data; ``decode_weights`` inverts it.
+The scale stream holds one 10-byte record per OFM channel: a 40-bit signed bias, a 32-bit scale and a 6-bit
+shift.
+
+Ethos-U85 (``U85Layout``, ``decode_weights_u85``): one stream per core in the standard format (SWD, the same
+codec), or one stream in the fast-decode format (FWD: a 32-byte header, then 8-bit values or 2/4-bit indices
+into a 16-entry table); 2:4 sparse weights keep every value (zeros too) in a sparse variant of the order. The
+order is the U85's own: serpentine IFM blocks and kernel rows, OFM channels dealt to the cores in groups of 4.
+Its records hold a 32-bit bias, a 31-bit scale and a shift (48-bit bias and 15-bit scale with a 48-bit
+accumulator). Facts from regor's Ethos-U85 weight encoder, each checked against Vela 5.2's output."""
 
 from __future__ import annotations
 
@@ -34,20 +41,26 @@ class ScaleRecord:
     """Per OFM channel: the bias added to the accumulator, then the output scale and shift."""
 
     bias: np.ndarray  # int64 [depth]
-    scale: np.ndarray  # int64 [depth], unsigned 32-bit
+    scale: np.ndarray  # int64 [depth], unsigned
     shift: np.ndarray  # int64 [depth], 0..63
 
 
-def decode_scales(data: bytes, depth: int) -> ScaleRecord:
-    """The first ``depth`` bias/scale records of a scale stream."""
+# Record layouts, by name: (bias bytes, scale bytes, scale bits, shift byte); bytes little-endian, in order.
+RECORDS = {"u55": (5, 4, 32, 9), "u85_acc32": (4, 4, 31, 8), "u85_acc48": (6, 2, 15, 8)}
+
+
+def decode_scales(data: bytes, depth: int, record: str = "u55") -> ScaleRecord:
+    """The first ``depth`` bias/scale records of a scale stream, laid out as ``RECORDS[record]`` says."""
     need = depth * SCALE_RECORD_BYTES
     if len(data) < need:
         raise TosakitError(f"the scale stream holds {len(data)} bytes, {depth} OFM channels need {need}", _FIX)
+    bias_bytes, scale_bytes, scale_bits, shift_at = RECORDS[record]
     raw = np.frombuffer(bytes(data[:need]), np.uint8).reshape(depth, SCALE_RECORD_BYTES).astype(np.int64)
     little = lambda cols: sum(raw[:, c] << (8 * i) for i, c in enumerate(cols))  # noqa: E731
-    bias = little(range(5))
-    bias = np.where(bias >= 1 << 39, bias - (1 << 40), bias)
-    return ScaleRecord(bias, little(range(5, 9)), raw[:, 9] & 0x3F)
+    bias = little(range(bias_bytes))
+    bias = np.where(bias >> (8 * bias_bytes - 1), bias - (1 << (8 * bias_bytes)), bias)
+    scale = little(range(bias_bytes, bias_bytes + scale_bytes)) & ((1 << scale_bits) - 1)
+    return ScaleRecord(bias, scale, raw[:, shift_at] & 0x3F)
 
 
 @functools.lru_cache(maxsize=64)  # layers of one shape share it: a program's first run builds each once
@@ -210,3 +223,201 @@ def _decode(key, deadline: float | None) -> np.ndarray:
     used = order >= 0
     weights[order[used]] = values[: order.size][used]
     return weights.reshape(ofm_depth, kernel_h, kernel_w, 1 if depthwise else ifm_depth)
+
+
+# ------------------------------------------------------------------ Ethos-U85
+
+# Per MAC count: cores, and the OFM micro-block depth of each micro-block shape (height, width) that
+# NPU_SET_ACC_FORMAT's microblock field names.
+U85_CORES = {128: 1, 256: 1, 512: 2, 1024: 4, 2048: 4}
+U85_UBLOCK_DEPTH = {128: {(1, 2): 8, (1, 1): 16}, 256: {(1, 2): 16, (1, 4): 8, (2, 2): 8},
+                    512: {(2, 2): 16, (1, 4): 16}, 1024: {(2, 2): 32, (1, 4): 32, (2, 4): 16},
+                    2048: {(2, 2): 64, (1, 4): 64, (4, 4): 16}}
+U85_MICROBLOCKS = {0: (1, 1), 1: (1, 2), 2: (1, 4), 3: (2, 2), 4: (2, 4), 5: (4, 4)}  # microblock: (height, width)
+FWD_HEADER_BYTES = 32
+
+
+@dataclass(frozen=True)
+class U85Layout:
+    """What an Ethos-U85 operation's registers say about its weight stream(s): the weight tensor's shape
+    ([OFM, KH, KW, IFM], IFM 1 for depthwise), the traversal, blocks, micro-block and the MAC array."""
+
+    ofm_depth: int
+    kernel_h: int
+    kernel_w: int
+    ifm_depth: int
+    traversal: str  # "depthwise", "part_kernel" or "depth_first"
+    ofm_block_depth: int
+    ublock: int  # OFM micro-block depth
+    ifm_bits: int
+    sparse: bool  # 2:4 sparse
+    stride: tuple[int, int]  # y, x
+    dilation: tuple[int, int]  # y, x
+    macs: int
+
+    @classmethod
+    def of(cls, regs, depthwise: bool, macs: int) -> "U85Layout":
+        """The layout the registers ``regs`` (a ``featuremap.Registers``) hold for the operation about to run."""
+        value = lambda register, field: regs.value(f"NPU_SET_{register}", field)  # noqa: E731
+        stride = tuple((value("KERNEL_STRIDE", f"stride_{a}_msb") << 1 | value("KERNEL_STRIDE", f"stride_{a}_lsb")) + 1
+                       for a in "yx")
+        dilation = tuple(2 if value("KERNEL_STRIDE", f"dilation_{a}") else 1 for a in "yx")
+        shape = U85_MICROBLOCKS[value("ACC_FORMAT", "microblock")]
+        ublock = U85_UBLOCK_DEPTH[macs].get(shape)
+        if ublock is None:
+            raise TosakitError(f"micro-block {shape[0]}x{shape[1]} is not one of ethos-u85-{macs}'s", _FIX)
+        order = "part_kernel" if value("KERNEL_STRIDE", "weight_order") else "depth_first"
+        return cls(value("OFM_DEPTH_M1", "depth_m1") + 1, value("KERNEL_HEIGHT_M1", "height_m1") // dilation[0] + 1,
+                   value("KERNEL_WIDTH_M1", "width_m1") // dilation[1] + 1,
+                   1 if depthwise else value("IFM_DEPTH_M1", "depth_m1") + 1, "depthwise" if depthwise else order,
+                   value("OFM_BLK_DEPTH_M1", "depth_m1") + 1, ublock, 8 << value("IFM_PRECISION", "activation_precision"),
+                   bool(value("WEIGHT_FORMAT", "weight_sparsity")), stride, dilation, macs)
+
+    @property
+    def cores(self) -> int:
+        return U85_CORES[self.macs]
+
+    @property
+    def ifm_block_depth(self) -> int:
+        """Not in a register: the depth regor's block configuration gives the IFM block."""
+        if self.traversal == "part_kernel":
+            return 16
+        if self.ifm_bits == 32 or (self.macs <= 256 and self.ublock == 16 and not self.sparse):
+            return 32
+        return 128 if self.sparse and self.ifm_bits == 8 else 64
+
+    @property
+    def _steps(self) -> tuple[int, int]:
+        """Kernel elements a sub-kernel is padded to a multiple of, and the IFM depth of one micro-block."""
+        wide = self.ifm_bits == 16 or self.sparse
+        if self.traversal == "part_kernel":
+            return (10 if wide else 5), (8 if self.ifm_bits == 16 and not self.sparse else self.ifm_block_depth)
+        if self.traversal == "depth_first":
+            return 1, self.ifm_block_depth
+        return 10, 1
+
+    @property
+    def fwd_chunk(self) -> int:
+        """Values of one core a multi-core FWD stream holds before the next core's."""
+        rounding, ifm_ublock = self._steps
+        return self.ublock * ifm_ublock * (rounding if self.traversal == "part_kernel" else 1) // self.cores
+
+    def order(self, core: int) -> np.ndarray:
+        """For each value of core ``core``'s uncompressed stream, its flat index in the weight tensor, or -1
+        where the stream holds padding."""
+        return _u85_order(self, core)
+
+    def stream_order(self, fwd: bool) -> list[np.ndarray]:
+        """The order of each stream: one per core (SWD), or the cores' orders interleaved in one (FWD)."""
+        orders = [self.order(core) for core in range(self.cores)]
+        if not fwd or len(orders) == 1:
+            return orders
+        chunk = self.fwd_chunk
+        return [np.concatenate([o[at: at + chunk] for at in range(0, max(map(len, orders)), chunk) for o in orders])]
+
+
+@functools.lru_cache(maxsize=64)
+def _u85_order(layout: U85Layout, core: int) -> np.ndarray:
+    L = layout
+    depthwise = L.traversal == "depthwise"
+    rounding, ifm_ublock = L._steps
+    inner = 1 if depthwise else (16 if L.sparse else 8)  # IFM channels of one group
+    sy, sx = (1, 1) if L.traversal == "depth_first" else L.stride
+    sub_h, sub_w = 8 // L.dilation[0], 8 // L.dilation[1]
+    dw_pad = 0 if L.ifm_bits == 8 and L.macs <= 256 else (2 if L.macs <= 512 else 6)
+    # One kernel element: IFM groups of the micro-block, this core's OFM groups of 4, 4 OFM, IFM in the group.
+    i_grp, o_grp, o_in, i_in = np.meshgrid(np.arange(0, ifm_ublock, inner), np.arange(4 * core, L.ublock, 4 * L.cores),
+                                           np.arange(4), np.arange(inner), indexing="ij")
+    d_ofm, d_ifm = (o_grp + o_in).reshape(-1), (i_grp + i_in).reshape(-1)
+    per_element = d_ofm.size
+    pieces: list[np.ndarray] = []
+    blocks = list(range(0, L.ifm_depth, L.ifm_block_depth)) if not depthwise else [0]
+    for k, ofm_z in enumerate(range(0, L.ofm_depth, L.ofm_block_depth)):
+        ofm_left = min(L.ofm_block_depth, L.ofm_depth - ofm_z)
+        for ifm_z in (blocks if k % 2 == 0 else blocks[::-1]):  # serpentine over IFM blocks
+            ifm_left = 1 if depthwise else min(L.ifm_block_depth, L.ifm_depth - ifm_z)
+            for kx0 in range(0, L.kernel_w, sub_w):  # sub-kernels: X outer
+                width = min(L.kernel_w - kx0, sub_w)
+                for ky0 in range(0, L.kernel_h, sub_h):
+                    height = min(L.kernel_h - ky0, sub_h)
+                    for ifm_u in range(0, ifm_left, ifm_ublock):
+                        for ofm_u in range(0, ofm_left, L.ublock):
+                            left = -(-(width * height) // rounding) * rounding
+                            ofm = ofm_z + ofm_u + d_ofm
+                            ifm = ifm_z + ifm_u + d_ifm
+                            valid = (ofm < L.ofm_depth) & (ifm < L.ifm_depth)
+                            base = np.where(valid, ofm * L.kernel_h * L.kernel_w * L.ifm_depth + ifm, -1)
+                            for py in range(sy):
+                                rows = (height + sy - 1 - py) // sy
+                                for px in range(sx):
+                                    cols = (width + sx - 1 - px) // sx
+                                    for row in range(rows):
+                                        for col in range(cols):
+                                            x = col if row % 2 == 0 else cols - 1 - col  # serpentine rows
+                                            ky, kx = ky0 + py + row * sy, kx0 + px + x * sx
+                                            pieces.append(np.where(valid, base + (ky * L.kernel_w + kx) * L.ifm_depth,
+                                                                   -1))
+                                            left -= 1
+                                            if depthwise and left % rounding == 0 and dw_pad:
+                                                pieces.append(np.full(dw_pad * L.ublock // L.cores, -1))
+                            if left > 0:
+                                pad = (left + (dw_pad if depthwise else 0)) * per_element
+                                pieces.append(np.full(pad, -1))
+    order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    order.flags.writeable = False  # shared through the cache
+    return order
+
+
+def decode_fwd(data: bytes, count: int) -> np.ndarray:
+    """``count`` weights of a fast-decode (FWD) stream: a 256-bit header (bit 0 raw, bit 1 2-bit indices,
+    bits 104..111 the raw values' zero adjust, bits 112..255 sixteen 9-bit table entries, sign in the low
+    bit), then one code per weight, bits packed from the least significant of each byte."""
+    if len(data) < FWD_HEADER_BYTES:
+        raise TosakitError(f"the fast-decode weight stream holds {len(data)} bytes, less than its header", _FIX)
+    bits = np.unpackbits(np.frombuffer(bytes(data[:FWD_HEADER_BYTES]), np.uint8), bitorder="little")
+    number = lambda lsb, width: int(bits[lsb: lsb + width] @ (1 << np.arange(width)))  # noqa: E731
+    raw, two_bit = bits[0], bits[1]
+    width = 8 if raw else (2 if two_bit else 4)
+    need = FWD_HEADER_BYTES + -(-count * width // 8)
+    if len(data) < need:
+        raise TosakitError(f"the fast-decode weight stream holds {len(data)} bytes, {count} {width}-bit weights "
+                           f"need {need}", _FIX)
+    body = np.frombuffer(bytes(data[FWD_HEADER_BYTES:need]), np.uint8)
+    if raw:
+        adjust = number(104, 8)
+        return body.astype(np.int8).astype(np.int64)[:count] - (adjust - 256 if adjust >= 128 else adjust)
+    entries = [number(112 + 9 * k, 9) for k in range(16)]
+    table = np.array([-(e >> 1) if e & 1 else e >> 1 for e in entries], np.int64)
+    codes = np.unpackbits(body[:, None], axis=1, bitorder="little").reshape(-1, width) @ (1 << np.arange(width))
+    return table[codes[:count]]
+
+
+def decode_weights_u85(streams: list[bytes], layout: U85Layout, fwd: bool,
+                       deadline: float | None = None) -> np.ndarray:
+    """The [OFM, KH, KW, IFM] weights (int64; IFM 1 for depthwise) of an Ethos-U85 operation's weight streams
+    (one per core for SWD, one for FWD)."""
+    orders = layout.stream_order(fwd)
+    if len(streams) != len(orders):
+        raise TosakitError(f"the operation has {len(streams)} weight stream(s); {layout.cores} core(s) in the "
+                           f"{'fast-decode' if fwd else 'standard'} format need {len(orders)}", _FIX)
+    size = layout.ofm_depth * layout.kernel_h * layout.kernel_w * layout.ifm_depth
+    weights = np.zeros(size, np.int64)
+    for k, (data, order) in enumerate(zip(streams, orders)):
+        values = decode_fwd(data, order.size) if fwd else CODEC.decode(data, deadline).astype(np.int64)
+        if values.size < order.size:
+            raise TosakitError(f"weight stream {k} decodes to {values.size} weights; the operation's order needs "
+                               f"{order.size}", _FIX)
+        used = order >= 0
+        weights[order[used]] = values[: order.size][used]
+    return weights.reshape(layout.ofm_depth, layout.kernel_h, layout.kernel_w, layout.ifm_depth)
+
+
+def weight_streams_u85(regs, read_bytes, cores: int) -> tuple[list[bytes], bool]:
+    """The weight stream(s) of the Ethos-U85 operation about to run, and whether they are fast-decode:
+    ``read_bytes(region, base, length)`` reads memory; core k's stream is at WEIGHT_BASE (k = 0) or
+    WEIGHTk_BASE."""
+    value = lambda register, field: regs.value(f"NPU_SET_{register}", field)  # noqa: E731
+    fwd = bool(value("WEIGHT_FORMAT", "weight_format"))
+    region = value("WEIGHT_REGION", "region")
+    names = ["WEIGHT", "WEIGHT1", "WEIGHT2", "WEIGHT3"][: 1 if fwd else cores]
+    return [read_bytes(region, value(f"{n}_BASE", "addr"), value(f"{n}_LENGTH", "length")) for n in names], fwd
