@@ -30,9 +30,14 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 def host_runtime(args) -> None:
-    """mv2 for ethos-u55-128: its Ethos-U delegate's command stream on tosakit's simulator beside
-    tosa_reference_model on the TOSA it was compiled from (the same int8 input), and `tosakit run` of the whole
-    .pte on each engine; the simulator's outputs are checked bit-exact against the reference model's first."""
+    """mv2 for ethos-u55-128 and ethos-u85-256: its Ethos-U delegate's command stream on tosakit's simulator
+    beside tosa_reference_model on the TOSA it was compiled from (the same int8 input), and `tosakit run` of the
+    whole .pte on each engine; the simulator's outputs are checked bit-exact against the reference model's first."""
+    for target in ("ethos-u55-128", "ethos-u85-256"):
+        _host_runtime(target, args.repeats)
+
+
+def _host_runtime(target: str, repeats: int) -> None:
     import numpy as np
 
     from tosakit.backends.ethosu.payload import parse_payload
@@ -46,7 +51,7 @@ def host_runtime(args) -> None:
     from tosakit.zoo.mobilenet_v2 import build
 
     model, inputs = build()
-    compiled = compile(model, inputs, EthosUCompileSpec("ethos-u55-128").with_debug_info(), quantize=True)
+    compiled = compile(model, inputs, EthosUCompileSpec(target).with_debug_info(), quantize=True)
     gm = compiled.edge.program.graph_module
     [delegate] = [m for m in gm.children() if isinstance(m, LoweredBackendModule)]
     payload = parse_payload(delegate.processed_bytes)
@@ -60,8 +65,7 @@ def host_runtime(args) -> None:
     reference = run_tosa(delegate.tosa, [int8])
     simulated = cold().outputs
     same = all(np.array_equal(s.reshape(-1), r.reshape(-1)) for s, r in zip(simulated, reference))
-    print(f"simulated outputs equal the reference model's bit for bit: {same}")
-    repeats = args.repeats
+    print(f"{target}: simulated outputs equal the reference model's bit for bit: {same}")
     first = _median_seconds(cold, repeats)
     again = _median_seconds(lambda: simulate(payload, flat), repeats)
     alone = _median_seconds(lambda: run_tosa(delegate.tosa, [int8]), repeats)
@@ -69,7 +73,7 @@ def host_runtime(args) -> None:
     for program in programs.values():
         program.run(list(inputs))  # warm up (the isolated child starts once)
     whole = {engine: _median_seconds(lambda p=p: p.run(list(inputs)), repeats) for engine, p in programs.items()}
-    print(f"mv2, ethos-u55-128 ({len(payload.cmd_data) // 4} command words, {len(payload.weight_data)} weight bytes), "
+    print(f"mv2, {target} ({len(payload.cmd_data) // 4} command words, {len(payload.weight_data)} weight bytes), "
           f"median of {repeats}")
     rows = [("simulator, first run (decodes weights)", first), ("simulator, run again", again),
             ("tosa_reference_model on the TOSA", alone),

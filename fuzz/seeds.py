@@ -80,6 +80,8 @@ NPU_SEEDS = {
     "waves_u65_256_dedicated": ("waves", "ethos-u65-256", "Dedicated_Sram", False),
     "audio1d_u55_256_sram_only": ("audio1d", "ethos-u55-256", "Sram_Only", False),
     "digits_a16w8_u55_64": ("digits", "ethos-u55-64", None, True),
+    "digits_u85_256": ("digits", "ethos-u85-256", None, False),  # fast-decode and 2:4 sparse weights
+    "softmax_u85_2048": ("softmax", "ethos-u85-2048", None, False),  # LUTs, chained operations
 }
 
 

@@ -223,12 +223,14 @@ def test_header_faults():
         decode(_cmd_data([STOP]), "ethos-u65-256")
 
 
-def test_u85_streams_decode_and_are_not_simulated_yet():
+def test_u85_streams_decode_and_what_is_not_run_yet_is_named():
     stream = decode(_cmd_data([STOP], config=U85_256_CONFIG))
     assert stream.accelerator_config.accelerator == "ethos-u85-256" and stream.accelerator_config.shram_kib is None
-    with pytest.raises(NotSimulatedError, match="an Ethos-U85 command stream .ethos-u85-256., which the simulator "
-                                                "does not run yet"):
-        stream.require_simulated()
+    assert stream.require_simulated() is stream
+    resize = 0x00000007  # NPU_OP_RESIZE, bilinear
+    with pytest.raises(NotSimulatedError, match=r"an Ethos-U85 command stream \(ethos-u85-256\) the simulator does "
+                                                r"not run yet: the command at offset 0x000000 \(NPU_OP_RESIZE\)"):
+        decode(_cmd_data([resize, STOP], config=U85_256_CONFIG)).require_simulated()
     assert decode(_cmd_data([STOP])).require_simulated().commands[0].register.name == "NPU_OP_STOP"
     with pytest.raises(TosakitError, match="unknown Ethos-U accelerator"):
         register_map("ethos-u56-128")

@@ -15,7 +15,7 @@ from tosakit.errors import TosakitError
 from tosakit.flow import compile
 from tosakit.runtime.ethosu import npu, weights
 from tosakit.runtime.ethosu.codec import CODEC
-from tosakit.runtime.ethosu.commands import decode
+from tosakit.runtime.ethosu.commands import NotSimulatedError, decode
 from tosakit.runtime.ethosu.memory import NpuAccessError
 from tosakit.runtime.ethosu.npu import weight_streams
 from tosakit.runtime.ethosu.registers import register_map
@@ -279,3 +279,75 @@ def test_op_case_every_configuration(op_table, name):
                     assert_npu_bit_exact(tosa, payload, seeds=(0,))
             else:
                 assert_npu_bit_exact(tosa, payload, seeds=(0,))
+
+
+# ------------------------------------------------------------------ Ethos-U85
+
+U85_CONFIGS = [("ethos-u85-128", None), ("ethos-u85-256", None), ("ethos-u85-256", "Dedicated_Sram"),
+               ("ethos-u85-512", None), ("ethos-u85-2048", None)]
+# What U85 streams use that the simulator does not run yet: built-in models by the command the refusal names;
+# _u85 op-table cases on ethos-u85-256 by name (MatMul with IFM2 as weights, RESIZE, compares, MIN/MAX, 2:4 of
+# accumulators loaded from IFM2, reversed OFMs, indexed DMA, scalar IFMs). Everything else runs bit for bit.
+U85_MODELS_NOT_RUN = {"transformer": "NPU_OP_CONV weights_ifm2 = 1", "unet": "NPU_OP_RESIZE"}
+U85_OPS_NOT_RUN = frozenset(
+    "bitwise_on_masks bmm bool_to_float conv_amin_channels conv_cat_channels conv_flip conv_index_select "
+    "conv_transpose2d conv_transpose2d_k4s2 conv_transpose2d_s1 eq_scalar flip gather ge_scalar gt_where "
+    "index_select le_scalar logical_and logical_not logical_or lt_where masked_fill matmul_2d matmul_3d_2d "
+    "matmul_4d_transposed maximum mean_all minimum_broadcast ne_tensor neg pad_reflect rsub sdpa self_attention "
+    "sum_all upsample_bilinear_2x upsample_bilinear_4x upsample_nearest_2x upsample_nearest_3x upsample_nearest_4x2 "
+    "where_number".split())
+
+
+def _u85_bit_exact_or_refused(found, pinned: str | None) -> None:
+    """Each delegate simulated bit for bit, or (only when ``pinned`` names what) refused before it runs."""
+    refused = []
+    for tosa, payload in found:
+        try:
+            decode(payload.cmd_data).require_simulated()
+        except NotSimulatedError as exc:
+            refused.append(exc.message)
+            continue
+        assert_npu_bit_exact(tosa, payload, seeds=(0,))
+    if pinned is None:
+        assert not refused, refused
+    else:
+        assert refused and all("does not run yet" in m for m in refused), refused
+        assert any(pinned in m for m in refused) or pinned == "*", refused
+
+
+@pytest.mark.parametrize("target,memory_mode", U85_CONFIGS, ids=[f"{t}-{m or 'default'}" for t, m in U85_CONFIGS])
+@pytest.mark.parametrize("model_name", [m if m in _SMALL else pytest.param(m, marks=pytest.mark.slow) for m in MODELS])
+def test_builtin_model_u85(model_name, target, memory_mode):
+    """Every built-in model, int8, on every Ethos-U85 configuration: the reference model's outputs bit for
+    bit, or (pinned) refused naming the command the simulator does not run yet."""
+    model, inputs = MODELS[model_name].factory()
+    _u85_bit_exact_or_refused(delegates(model, inputs, target, memory_mode), U85_MODELS_NOT_RUN.get(model_name))
+
+
+@pytest.mark.parametrize("model_name", A16W8)
+def test_builtin_model_a16w8_u85(model_name):
+    """16-bit activations on ethos-u85-256 (48-bit accumulators and bias records), bit for bit."""
+    from tosakit.quantize import get_symmetric_a16w8_quantization_config
+
+    model, inputs = MODELS[model_name].factory()
+    found = delegates(model, inputs, "ethos-u85-256", config=get_symmetric_a16w8_quantization_config())
+    _u85_bit_exact_or_refused(found, None)  # a16w8 unet upsamples without RESIZE: every one runs
+
+
+def _u85_op_cases():
+    cases = []
+    for table in _OP_TABLES:
+        op_table = importlib.import_module(table).OP_TABLE
+        cases += [pytest.param(op_table, name, id=f"{table[len('test_'):]}.{name}")
+                  for name, flavours in op_table.flavours.items() if "u85" in flavours]
+    return cases
+
+
+@pytest.mark.parametrize("op_table,name", _u85_op_cases())
+def test_op_case_u85(op_table, name):
+    """Each op-table case the U85 takes, on ethos-u85-256: bit for bit, or refused where U85_OPS_NOT_RUN pins
+    it (so a case that starts or stops running is seen)."""
+    module, inputs = op_table.build(name)
+    torch.manual_seed(0)
+    compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
+    _u85_bit_exact_or_refused(ethosu_delegates(compiled), "*" if name in U85_OPS_NOT_RUN else None)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from tosakit.backends.ethosu.payload import pack_payload, parse_payload
 from tosakit.backends.ethosu.vela import VelaResult
@@ -30,21 +31,30 @@ from seeds import SmallNet  # noqa: E402  (conv with 3 input channels, relu, poo
 pytestmark = pytest.mark.numerics
 
 
-def _compile(target: str, debug_info: bool, channels_last: bool = False) -> bytes:
+class SelfMatMul(nn.Module):
+    """x @ x^T: on Ethos-U85 a MatMul reading IFM2 as its weights, which the simulator does not run yet."""
+
+    def forward(self, x):
+        return torch.matmul(x, x.transpose(1, 2))
+
+
+def _compile(target: str, debug_info: bool, channels_last: bool = False, model: nn.Module | None = None) -> bytes:
     torch.manual_seed(0)
-    x = torch.randn(1, 3, 8, 8)
+    x = torch.randn(1, 3, 8, 8) if model is None else torch.randn(1, 8, 16)
     x = x.to(memory_format=torch.channels_last) if channels_last else x
     spec = EthosUCompileSpec(target)
     spec = spec.with_debug_info() if debug_info else spec
-    return compile(SmallNet().eval(), (x,), spec, quantize=True).program.buffer
+    return compile((model or SmallNet()).eval(), (x,), spec, quantize=True).program.buffer
 
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory) -> dict[str, Path]:
-    """SmallNet for ethos-u55-128 with its TOSA (also with channels-last input), without, and for ethos-u85-256."""
+    """SmallNet for ethos-u55-128 with its TOSA (also with channels-last input), without, and for ethos-u85-256;
+    and a U85 MatMul the simulator does not run yet."""
     folder = tmp_path_factory.mktemp("npu")
     made = {"u55": _compile("ethos-u55-128", True), "u55_nhwc": _compile("ethos-u55-128", True, channels_last=True),
-            "u55_payload_only": _compile("ethos-u55-128", False), "u85": _compile("ethos-u85-256", True)}
+            "u55_payload_only": _compile("ethos-u55-128", False), "u85": _compile("ethos-u85-256", True),
+            "u85_matmul": _compile("ethos-u85-256", True, model=SelfMatMul())}
     for name, data in made.items():
         (folder / f"{name}.pte").write_bytes(data)
     return {name: folder / f"{name}.pte" for name in made}
@@ -72,7 +82,7 @@ def _input(path: Path) -> list[torch.Tensor]:
 # ------------------------------------------------------------------ the engine choice
 
 
-@pytest.mark.parametrize("name", ["u55", "u55_nhwc"])
+@pytest.mark.parametrize("name", ["u55", "u55_nhwc", "u85"])
 def test_npu_and_tosa_engines_agree_bit_for_bit(programs, name):
     """The delegate call's tensors are the I/O table's bytes in their stored order (NHWC for channels-last
     ones): the simulator's outputs are the TOSA's, bit for bit, through the whole program."""
@@ -112,15 +122,18 @@ def test_tosa_engine_without_tosa_says_recompile_with_debug_info(programs, tmp_p
     assert not (tmp_path / "o.npz").exists()
 
 
-def test_u85_runs_its_tosa_and_is_not_simulated(programs, capsys):
-    path = programs["u85"]
+def test_u85_stream_the_simulator_does_not_run_yet_runs_its_tosa(programs, capsys):
+    path = programs["u85_matmul"]
     assert not load(path).layouts["forward"].delegate_npu  # the default engine runs its TOSA
     code, out, _ = _cli(capsys, "run", path, "--random")
     assert code == 0 and "simulator" not in out
     code, _, err = _cli(capsys, "run", path, "--random", "--engine", "npu")
-    _one_error(code, err, "delegate 0, EthosUBackend", "Ethos-U85", "not run yet", "--engine tosa")
+    _one_error(code, err, "delegate 0, EthosUBackend", "Ethos-U85", "does not run yet", "NPU_OP_CONV weights_ifm2 = 1",
+               "--engine tosa")
     code, out, _ = _cli(capsys, "inspect", path)
     assert code == 0 and "host engine: tosa" in out
+    code, out, _ = _cli(capsys, "inspect", programs["u85"])
+    assert code == 0 and "host engine: npu" in out
 
 
 def test_unknown_engine_is_refused(programs, capsys):

@@ -56,7 +56,7 @@ def _engine(layout: MethodLayout, index: int) -> str:
         return "npu (its command stream on the simulator)"
     if index in layout.delegate_tosa:
         return "tosa (its TOSA on the reference model)"
-    return "none (an Ethos-U85 stream is not simulated, and no TOSA is carried)"
+    return "none (a stream the simulator does not run yet, and no TOSA is carried)"
 
 
 def _ethosu_lines(payload: bytes) -> list[str]:

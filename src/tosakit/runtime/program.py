@@ -114,7 +114,8 @@ class LoadedProgram:
         elif self.engine == "tosa":
             why = " for the tosa engine to run"
         else:
-            why = ", and its Ethos-U85 command stream is not simulated yet (the simulator runs Ethos-U55 and U65)"
+            why = (", and its Ethos-U85 command stream uses what the simulator does not run yet "
+                   "(`tosakit inspect --commands` lists it)")
         return TosakitError(f"{self.name}: delegate {index} ({delegate.id}) has no TOSA graph inside the program{why}",
                             DEBUG_INFO_FIX)
 

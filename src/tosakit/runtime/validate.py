@@ -22,7 +22,7 @@ from .tosa_check import TosaSummary, check_tosa
 FIX = "the file is damaged or was not written for ExecuTorch's runtime: re-export the model"
 HOST_DELEGATES = ("TOSABackend", "EthosUBackend", "VgfBackend")
 # How an Ethos-U delegate runs on the host: its command stream on the simulator, or its carried TOSA on the
-# reference model. By default (None): the simulator for Ethos-U55/U65 streams, TOSA for Ethos-U85 ones.
+# reference model. By default (None): the simulator for the streams it runs, TOSA for the others.
 ENGINES = ("npu", "tosa")
 MAX_RANK = 16
 # element types the host runtime computes with (quantized and float8 storage types are not kernel inputs)
@@ -281,7 +281,7 @@ class _Method:
                 raise self.fail(f"{what}: tensor {k} of the payload is {need} bytes, value {i} holds {have}")
         try:
             decode(p.cmd_data).require_simulated()
-        except NotSimulatedError as exc:  # well-formed, not simulated (an Ethos-U85 stream)
+        except NotSimulatedError as exc:  # well-formed, not simulated (an Ethos-U85 feature not run yet)
             if self.engine == "npu":
                 raise self.fail(f"{what}: {exc.message}",
                                 "run the delegate's TOSA instead: --engine tosa (compiled with --debug-info)") from None

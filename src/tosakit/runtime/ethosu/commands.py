@@ -25,7 +25,29 @@ class NotSimulatedError(TosakitError):
     mode not implemented. Unlike damage, running the delegate's TOSA instead is a way out."""
 
 
-SIMULATED = ("ethos-u55", "ethos-u65")  # the architectures whose streams the simulator runs
+# What the simulator runs of Ethos-U85 streams so far: (command, field) -> the values (enum names) it runs. A
+# stream setting any other is refused before it runs (NotSimulatedError), so its delegate runs its TOSA.
+U85_RUNS = {
+    ("NPU_OP_CONV", "weights_ifm2"): {0},
+    ("NPU_OP_POOL", "pooling_mode"): {f"POOLING_MODE_{m}" for m in ("MAX", "AVERAGE", "SUM", "REDUCE_SUM")},
+    ("NPU_OP_ELEMENTWISE", "elementwise_mode"): {f"ELEMENTWISE_MODE_{m}" for m in ("ADD", "SUB", "MUL")},
+    ("NPU_SET_IFM_PRECISION", "activation_storage"): {"ACTIVATION_STORAGE_TILE2X2", "ACTIVATION_STORAGE_CHAINED"},
+    ("NPU_SET_IFM2_PRECISION", "activation_storage"): {f"ACTIVATION_STORAGE_{m}" for m in ("TILE2X2", "CHAINED",
+                                                                                           "NONE")},
+    ("NPU_SET_OFM_PRECISION", "activation_storage"): {"ACTIVATION_STORAGE_TILE2X2", "ACTIVATION_STORAGE_CHAINED"},
+    ("NPU_SET_OFM_PRECISION", "activation_reverse"): {"ACTIVATION_REVERSE_NONE"},
+    ("NPU_SET_IFM_BROADCAST", "broadcast_mode"): {"BROADCAST_MODE_NONE"},
+    ("NPU_SET_ACTIVATION", "activation_function"): {"ACTIVATION_FUNCTION_LUT_NONE", "ACTIVATION_FUNCTION_LUT_S8_S8"},
+    ("NPU_SET_ACC_FORMAT", "acc_input"): {"ACC_INPUT_RESET"},
+    ("NPU_SET_ACC_FORMAT", "acc_output"): {"ACC_OUTPUT_ENABLE"},
+    ("NPU_SET_OFM_SCALE", "round_mode"): {f"ROUND_MODE_OFM_{m}" for m in ("NATURAL", "DOUBLE_SYMMETRIC",
+                                                                            "TRUNCATE_TO_ZERO")},
+    ("NPU_SET_OFM_SCALE", "dbl_rnd"): {0}, ("NPU_SET_IFM_SCALE", "dbl_rnd"): {0}, ("NPU_SET_IFM2_SCALE", "dbl_rnd"): {0},
+    ("NPU_SET_DMA0_SRC_REGION", "stride_mode"): {"DMA_STRIDE_MODE_D1"},
+    ("NPU_SET_DMA0_SRC_REGION", "idx_mode"): {"DMA_IDX_MODE_DISABLED"},
+    ("NPU_SET_DMA0_DST_REGION", "idx_mode"): {"DMA_IDX_MODE_DISABLED"},
+}
+U85_NOT_RUN = ("NPU_OP_RESIZE", "NPU_OP_BRANCH")
 
 def _bits(word: int, lsb: int, width: int) -> int:
     return (word >> lsb) & ((1 << width) - 1)
@@ -99,11 +121,23 @@ class CommandStream:
     commands: list[Command]
 
     def require_simulated(self) -> "CommandStream":
-        """This stream, when the simulator runs its architecture; NotSimulatedError otherwise."""
-        if self.accelerator_config.product not in SIMULATED:
-            raise NotSimulatedError(f"an Ethos-U85 command stream ({self.accelerator_config.accelerator}), which the "
-                                    "simulator does not run yet (it runs Ethos-U55 and U65; `tosakit inspect "
-                                    "--commands` lists it)", "run the delegate's TOSA instead (tosakit run --engine tosa)")
+        """This stream, when the simulator runs everything it sets (all of an Ethos-U55/U65 stream; on the U85
+        what ``U85_RUNS`` lists); NotSimulatedError naming the first command it does not run otherwise."""
+        if self.accelerator_config.product != "ethos-u85":
+            return self
+        for c in self.commands:
+            name, reason = c.register.name, None
+            if name in U85_NOT_RUN:
+                reason = name
+            for f in c.register.fields:
+                allowed = U85_RUNS.get((name, f.name))
+                shown = f.enum[c.field(f.name)] if f.enum else c.field(f.name)
+                if allowed is not None and shown not in allowed:
+                    reason = f"{name} {f.name} = {shown}"
+            if reason:
+                raise NotSimulatedError(f"an Ethos-U85 command stream ({self.accelerator_config.accelerator}) the "
+                                        f"simulator does not run yet: the command at offset {c.offset:#08x} "
+                                        f"({reason})", "run the delegate's TOSA instead (tosakit run --engine tosa)")
         return self
 
 

@@ -15,7 +15,7 @@ from . import numerics
 from .commands import NotSimulatedError
 from .featuremap import FeatureMap, Registers
 from .memory import Memory
-from .weights import decode_scales, decode_weights
+from .weights import U85Layout, decode_scales, decode_weights, decode_weights_u85, weight_streams_u85
 
 # SHRAM's last 2 KiB hold the LUTs, in slots of 256 bytes (TABLE_0..TABLE_7).
 LUT_BYTES, LUT_SLOT_BYTES = 2048, 256
@@ -46,7 +46,11 @@ class Npu:
         self.regs = Registers(register_map)
         self.memory = memory
         self.accelerator = accelerator
-        self.shram = np.zeros(shram_bytes, np.uint8)  # internal memory: DMA fills its LUT slots
+        self.u85 = accelerator.startswith("ethos-u85")
+        # Internal memory DMA fills LUT slots of: SHRAM's last 2 KiB on U55/U65, the 2 KiB LUT RAM on U85.
+        self.shram = np.zeros(max(shram_bytes, LUT_BYTES), np.uint8)
+        self.lut_written = np.zeros(LUT_BYTES, bool)
+        self.chains: dict[int, np.ndarray] = {}  # U85 chain buffers: an OFM kept inside for the next operation
         self.executed: list[tuple[int, str]] = []  # (command offset, operation) of every operation run
         self.deadline: float | None = None
 
@@ -107,10 +111,18 @@ class Npu:
         base, length = self.value(base_register, "addr"), self.value(length_register, "length")
         return self.memory.read_bytes(region, base, length)
 
+    def round_mode(self) -> str:
+        """The OFM scaling's rounding, by the U55's names (``numerics.scale_output``): U85 states it in OFM_SCALE."""
+        if not self.u85:
+            return self.name("OFM_PRECISION", "round_mode")
+        return U85_ROUNDING[self.name("OFM_SCALE", "round_mode")]
+
     def clamp(self, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
-        """The activation's clip to [ACTIVATION_MIN, ACTIVATION_MAX], then the OFM precision's range."""
+        """The activation's clip to [ACTIVATION_MIN, ACTIVATION_MAX] (on U85 only when its clip range is
+        B16), then the OFM precision's range."""
         lo, hi = ofm.limits
-        if ofm.bits <= 16:
+        clip = self.name("ACTIVATION", "activation_clip_range").endswith("B16") if self.u85 else ofm.bits <= 16
+        if clip:
             lo = max(lo, self.regs.signed("NPU_SET_ACTIVATION_MIN", "clip_boundary"))
             hi = min(hi, self.regs.signed("NPU_SET_ACTIVATION_MAX", "clip_boundary"))
         return np.clip(values, lo, hi)
@@ -119,7 +131,11 @@ class Npu:
         """The activation function (RELU is the plain clip; TABLE_k looks values up in LUT slot k), then the
         clip."""
         function = self.name("ACTIVATION", "activation_function")
-        if function.startswith("ACTIVATION_FUNCTION_TABLE_"):
+        if function == "ACTIVATION_FUNCTION_LUT_S8_S8":  # U85: clip (the LUT's input range), look up, store
+            return np.clip(self.lut(self.value("ACTIVATION", "table"), self.clamp(values, ofm)), *ofm.limits)
+        if function == "ACTIVATION_FUNCTION_LUT_NONE":
+            pass
+        elif function.startswith("ACTIVATION_FUNCTION_TABLE_"):
             values = self.table(int(function.rsplit("_", 1)[1]), values, ofm)
         elif function != "ACTIVATION_FUNCTION_RELU":
             raise UnsupportedCommandError(f"{self.memory.where}: activation {function} is not simulated yet",
@@ -131,11 +147,33 @@ class Npu:
         if ofm.bits > 8 and self.name("ACTIVATION", "activation_clip_range") != "ACTIVATION_CLIP_RANGE_FORCE_INT8":
             raise UnsupportedCommandError(f"{self.memory.where}: a {ofm.bits}-bit LUT activation is not simulated yet",
                                           "run the program's TOSA instead (tosakit run --engine tosa)")
-        start = self.shram.size - LUT_BYTES + slot * LUT_SLOT_BYTES
-        if start + 256 > self.shram.size:
-            raise TosakitError(f"{self.memory.where}: LUT slot {slot} lies outside SHRAM", "the command stream is corrupt")
-        lut = self.shram[start: start + 256].view(np.int8).astype(np.int64)
+        return self.lut(slot, values)
+
+    def lut(self, slot: int, values: np.ndarray) -> np.ndarray:
+        """256 signed entries in LUT slot ``slot``, indexed by the value + 128."""
+        at = slot * LUT_SLOT_BYTES
+        if at + LUT_SLOT_BYTES > LUT_BYTES:
+            raise TosakitError(f"{self.memory.where}: LUT slot {slot} lies outside the LUT memory",
+                               "the command stream is corrupt")
+        if not self.lut_written[at: at + LUT_SLOT_BYTES].all():
+            raise TosakitError(f"{self.memory.where} reads LUT slot {slot}, which no DMA filled",
+                               "the command stream is corrupt: recompile the program")
+        start = self.shram.size - LUT_BYTES + at
+        lut = self.shram[start: start + LUT_SLOT_BYTES].view(np.int8).astype(np.int64)
         return lut[np.clip(values, -128, 127) + 128]
+
+    def read(self, fm: FeatureMap, h: int, w: int, c: int) -> np.ndarray:
+        """An operand's [h, w, c] integers: from memory, or (U85) from the chain buffer an operation left."""
+        if not self.u85 or not self.name(f"{fm.prefix}_PRECISION", "activation_storage").endswith("CHAINED"):
+            return fm.read(self.memory, h, w, c)
+        found = self.chains.get(fm.region)
+        if found is None:
+            raise TosakitError(f"{self.memory.where} reads chain buffer {fm.region}, which no earlier operation wrote",
+                               "the command stream is corrupt: recompile the program")
+        if found.size != h * w * c:
+            raise TosakitError(f"{self.memory.where} reads {h}x{w}x{c} values from chain buffer {fm.region}, which "
+                               f"holds {'x'.join(map(str, found.shape))}", "the command stream is corrupt")
+        return found.reshape(h, w, c)
 
 @dataclass(frozen=True)
 class Kernel:
@@ -175,9 +213,9 @@ def windows(npu: Npu, depth: int) -> tuple[np.ndarray, np.ndarray, FeatureMap, K
     check_work(oh * ow * depth * k.h * k.w, npu.memory.where)
     upscale = npu.name("IFM_UPSCALE", "mode")
     if upscale == "IFM_UPSCALE_MODE_NONE":
-        x = ifm.read(npu.memory, ih, iw, depth) - ifm.zero_point
+        x = npu.read(ifm, ih, iw, depth) - ifm.zero_point
     else:  # 2x in height and width: each value repeated (NEAREST) or followed by zeros (ZEROS)
-        x = ifm.read(npu.memory, -(-ih // 2), -(-iw // 2), depth) - ifm.zero_point
+        x = npu.read(ifm, -(-ih // 2), -(-iw // 2), depth) - ifm.zero_point
         if upscale == "IFM_UPSCALE_MODE_NEAREST":
             x = x.repeat(2, axis=0).repeat(2, axis=1)[:ih, :iw]
         else:
@@ -220,12 +258,35 @@ def exact_dot(a: np.ndarray, b: np.ndarray, axes) -> np.ndarray:
 
 def _output(npu: Npu, acc: np.ndarray, scale, shift) -> None:
     ofm = FeatureMap.of(npu.regs, "OFM")
-    out = numerics.scale_output(acc, scale, shift, npu.name("OFM_PRECISION", "round_mode")) + ofm.zero_point
-    ofm.write(npu.memory, npu.activation(out, ofm))
+    out = numerics.scale_output(acc, scale, shift, npu.round_mode()) + ofm.zero_point
+    write_ofm(npu, ofm, npu.activation(out, ofm))
+
+
+# U85's OFM transposes: the axes of the computed [H, W, C] OFM in the order they are stored.
+TRANSPOSES = {"HWC": (0, 1, 2), "WHC": (1, 0, 2), "HCW": (0, 2, 1), "WCH": (1, 2, 0), "CHW": (2, 0, 1),
+              "CWH": (2, 1, 0)}
+# U85's OFM rounding modes by the U55 names numerics.scale_output takes (the ones Vela writes for TOSA).
+U85_ROUNDING = {"ROUND_MODE_OFM_NATURAL": "ROUND_MODE_NATURAL", "ROUND_MODE_OFM_DOUBLE_SYMMETRIC": "ROUND_MODE_DBL",
+                "ROUND_MODE_OFM_TRUNCATE_TO_ZERO": "ROUND_MODE_TRUNCATE"}
+U85_IFM_ROUNDING = {"ROUND_MODE_IFM_NATURAL": "ROUND_MODE_NATURAL", "ROUND_MODE_IFM_DOUBLE_SYMMETRIC": "ROUND_MODE_DBL"}
+
+
+def write_ofm(npu: Npu, ofm: FeatureMap, values: np.ndarray) -> None:
+    """Store the computed OFM: on U85 transposed as OFM_PRECISION says (its tile registers describe the stored
+    shape)."""
+    if npu.u85 and npu.name("OFM_PRECISION", "activation_storage").endswith("CHAINED"):
+        npu.chains[ofm.region] = values  # chaining and transposing never meet (regor asserts it)
+        return
+    if npu.u85:
+        values = values.transpose(TRANSPOSES[npu.name("OFM_PRECISION", "activation_transpose").rsplit("_", 1)[1]])
+    ofm.write(npu.memory, values)
 
 
 def _scales(npu: Npu, depth: int):
-    record = decode_scales(npu.bytes_at("SCALE_REGION", "SCALE_BASE", "SCALE_LENGTH"), depth)
+    record = "u55"
+    if npu.u85:
+        record = "u85_acc48" if npu.name("ACC_FORMAT", "acc_format").endswith("I48") else "u85_acc32"
+    record = decode_scales(npu.bytes_at("SCALE_REGION", "SCALE_BASE", "SCALE_LENGTH"), depth, record)
     return record.bias, record.scale, record.shift
 
 
@@ -253,6 +314,11 @@ def depthwise(npu: Npu, command) -> None:
 
 
 def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarray:
+    if npu.u85:
+        macs = int(npu.accelerator.rsplit("-", 1)[1])
+        layout = U85Layout.of(npu.regs, depthwise, macs)
+        streams, fwd = weight_streams_u85(npu.regs, npu.memory.read_bytes, layout.cores)
+        return decode_weights_u85(streams, layout, fwd, npu.deadline)
     ifm = FeatureMap.of(npu.regs, "IFM")
     return decode_weights(
         npu.bytes_at("WEIGHT_REGION", "WEIGHT_BASE", "WEIGHT_LENGTH"),
@@ -277,10 +343,13 @@ def pool(npu: Npu, command) -> None:
     elif mode == "POOLING_MODE_AVERAGE":
         win, mask, _, k = windows(npu, oc)
         acc = win.sum(axis=(3, 4))
-        if any(k.pad):  # with padding the NPU divides by the count of IFM elements in each window itself
+        if any(k.pad) or npu.u85:  # the NPU divides by the count of IFM elements in each window itself
             count = mask.sum(axis=(2, 3))[:, :, None]
             acc = numerics.scale_output(acc, *numerics.reciprocal_scale(count), "ROUND_MODE_NATURAL")
-        # without it, OFM_SCALE holds the reciprocal of the kernel area (with any rescale folded in)
+        # U55/U65 without padding: OFM_SCALE holds the reciprocal of the kernel area (with any rescale folded in)
+    elif mode == "POOLING_MODE_SUM":  # U85: the window's sum (padding holds zeros), then the OFM scale
+        win, _, _, k = windows(npu, oc)
+        acc = win.sum(axis=(3, 4))
     elif mode == "POOLING_MODE_REDUCE_SUM":  # over the window and every IFM channel, into OFM depth 1
         acc = windows(npu, npu.value("IFM_DEPTH_M1", "depth_m1") + 1)[0].sum(axis=(2, 3, 4))[:, :, None]
     else:
@@ -295,6 +364,8 @@ def elementwise(npu: Npu, command) -> None:
     mode = command.register.fields[0].enum[command.field(command.register.fields[0].name)]
     h, w, c = npu.ofm_shape()
     check_work(h * w * c, npu.memory.where)
+    if npu.u85:
+        return _elementwise_u85(npu, mode, h, w, c)
     ifm, ofm = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "OFM")
     a, a_zp, b, b_zp = ifm.read(npu.memory, h, w, c), ifm.zero_point, None, 0
     if mode not in numerics.UNARY:
@@ -322,6 +393,33 @@ def elementwise(npu: Npu, command) -> None:
     ofm.write(npu.memory, npu.activation(out + ofm.zero_point, ofm))
 
 
+def _elementwise_u85(npu: Npu, mode: str, h: int, w: int, c: int) -> None:
+    """U85 ADD, SUB, MUL: each operand less its zero point and scaled by its own IFM_SCALE / IFM2_SCALE (as a
+    TOSA RESCALE before the operation), IFM2 broadcast along the axes its broadcast mode names or the scalar
+    OP_SCALAR, then the OFM scale."""
+    ifm, ofm = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "OFM")
+    ifm2 = FeatureMap.of(npu.regs, "IFM2")
+    broadcast = npu.name("IFM2_BROADCAST", "broadcast_mode").removeprefix("BROADCAST_MODE_")
+    if broadcast == "SCALAR":
+        b = np.full((1, 1, 1), npu.regs.signed("NPU_SET_OP_SCALAR", "scalar", 32))
+    else:
+        axes = "" if broadcast == "NONE" else broadcast
+        b = npu.read(ifm2, *(1 if axis in axes else n for axis, n in zip("HWC", (h, w, c))))
+
+    def scaled(values, zero_point, register):
+        rounding = U85_IFM_ROUNDING[npu.name(register, "round_mode")]
+        return numerics.scale_output(values - zero_point, npu.value(register, "scale"), npu.value(register, "shift"),
+                                     rounding)
+
+    a = scaled(npu.read(ifm, h, w, c), ifm.zero_point, "IFM_SCALE")
+    b = scaled(b, ifm2.zero_point, "IFM2_SCALE")
+    name = mode.removeprefix("ELEMENTWISE_MODE_")
+    combined = {"ADD": np.add, "SUB": np.subtract, "MUL": lambda x, y: numerics.times(x, y)}[name](a, b)
+    out = numerics.scale_output(np.broadcast_to(combined, (h, w, c)), npu.value("OFM_SCALE", "scale"),
+                                npu.value("OFM_SCALE", "shift"), npu.round_mode()) + ofm.zero_point
+    write_ofm(npu, ofm, npu.activation(out, ofm))
+
+
 @operation("NPU_OP_DMA_START")
 def dma(npu: Npu, command) -> None:
     """A copy between regions (weights streamed from flash, LUTs into SHRAM)."""
@@ -333,10 +431,12 @@ def dma(npu: Npu, command) -> None:
                                       "run the program's TOSA instead (tosakit run --engine tosa)")
     if npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
         if dst < npu.shram.size - LUT_BYTES or dst + length > npu.shram.size:
-            raise TosakitError(f"{npu.memory.where} writes SHRAM bytes [{dst:#x}, {dst + length:#x}), outside its "
-                               f"LUT area [{npu.shram.size - LUT_BYTES:#x}, {npu.shram.size:#x})",
+            raise TosakitError(f"{npu.memory.where} writes internal bytes [{dst:#x}, {dst + length:#x}), outside "
+                               f"its LUT area [{npu.shram.size - LUT_BYTES:#x}, {npu.shram.size:#x})",
                                "the command stream is corrupt: recompile the program")
         npu.shram[dst: dst + length] = np.frombuffer(npu.memory.read_bytes(src_region, src, length), np.uint8)
+        at = dst - (npu.shram.size - LUT_BYTES)
+        npu.lut_written[at: at + length] = True
         return
     npu.memory.copy(src_region, src, dst_region, dst, length)
 
@@ -352,7 +452,8 @@ def weight_streams(commands, register_map: dict, constant: bytes, budget: int) -
         if name == "NPU_OP_DMA_START":
             copies.append((value("DMA0_DST_REGION", "region"), value("DMA0_DST", "addr"),
                            value("DMA0_LEN", "addr"), value("DMA0_SRC_REGION", "region"), value("DMA0_SRC", "addr")))
-        elif name in ("NPU_OP_CONV", "NPU_OP_DEPTHWISE"):
+        elif name in ("NPU_OP_CONV", "NPU_OP_DEPTHWISE") and not value("WEIGHT_FORMAT", "weight_format"):
+            # (a U85 fast-decode stream is not Vela's codec's to decode)
             region, start = value("WEIGHT_REGION", "region"), value("WEIGHT_BASE", "addr")
             length = value("WEIGHT_LENGTH", "length")
             for dst_region, dst, size, src_region, src in reversed(copies):  # the last copy there wins

@@ -52,7 +52,7 @@ UNARY = ("ELEMENTWISE_MODE_ABS", "ELEMENTWISE_MODE_CLZ", "ELEMENTWISE_MODE_LRELU
 UNSCALED_SHIFT = {8: 19, 16: 14}
 
 
-def _times(a: np.ndarray, b) -> np.ndarray:
+def times(a: np.ndarray, b) -> np.ndarray:
     """``a * b`` exactly (Python integers where int64 could overflow)."""
     if _wide(a, b):
         return np.asarray(a, object) * np.asarray(b, object)
@@ -77,10 +77,10 @@ def elementwise(mode: str, a: np.ndarray, b: np.ndarray | None, *, zero_points: 
         elif scale_mode.endswith("OPB_32"):
             a, b = a << UNSCALED_SHIFT.get(bits, 0), scale_output(b, opa_scale, opa_shift, round_modes[0])
         else:  # OPA_OPB_16: integer 16-bit multipliers, no shift
-            a, b = _times(a, opa_scale), _times(b, opb_scale)
+            a, b = times(a, opa_scale), times(b, opb_scale)
         c = a + b if name == "ADD" else a - b
     elif name == "MUL":
-        c = _times(a, b)
+        c = times(a, b)
     elif name == "MIN":
         c = np.minimum(a, b)
     elif name == "MAX":

@@ -79,7 +79,7 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
         memory.check_span(t.region, t.offset, t.offset + len(data), "is copied to")
         memory.write(t.region, t.offset + np.arange(len(data)), np.frombuffer(data, np.uint8), np.uint8)
     registers = register_map(accelerator)
-    npu = Npu(registers, memory, accelerator, stream.accelerator_config.shram_kib * 1024)
+    npu = Npu(registers, memory, accelerator, (stream.accelerator_config.shram_kib or 0) * 1024)
     ahead = weight_streams(stream.commands, registers, payload.weight_data, 2 * len(payload.weight_data))
     with _one_blas_thread(), CODEC.ahead([s for s in ahead if not weights.decoded(s)], deadline):
         npu.run(stream.commands, deadline, observe)

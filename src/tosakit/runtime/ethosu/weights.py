@@ -163,17 +163,22 @@ class _Decoded:
         return found
 
     def has_stream(self, data: bytes) -> bool:
-        return any(key[0] == data for key in self.items)
+        return any(key[0] == data if isinstance(key[0], bytes) else data in key[0] for key in self.items)
 
     def put(self, key, weights: np.ndarray) -> None:
         self.items[key] = weights
-        self.nbytes += weights.nbytes + len(key[0])
+        self.nbytes += weights.nbytes + _key_bytes(key)
         while self.nbytes > self.BUDGET and len(self.items) > 1:
-            (data, *_), old = self.items.popitem(last=False)
-            self.nbytes -= old.nbytes + len(data)
+            old_key, old = self.items.popitem(last=False)
+            self.nbytes -= old.nbytes + _key_bytes(old_key)
 
 
 _DECODED = _Decoded()
+
+
+def _key_bytes(key) -> int:
+    """The stream bytes a cache key holds (one stream, or a tuple of them for U85's cores)."""
+    return len(key[0]) if isinstance(key[0], bytes) else sum(map(len, key[0]))
 
 
 def clear_caches() -> None:
@@ -235,6 +240,7 @@ U85_UBLOCK_DEPTH = {128: {(1, 2): 8, (1, 1): 16}, 256: {(1, 2): 16, (1, 4): 8, (
                     2048: {(2, 2): 64, (1, 4): 64, (4, 4): 16}}
 U85_MICROBLOCKS = {0: (1, 1), 1: (1, 2), 2: (1, 4), 3: (2, 2), 4: (2, 4), 5: (4, 4)}  # microblock: (height, width)
 FWD_HEADER_BYTES = 32
+MAX_WEIGHTS = 1 << 26  # weights of one operation: far beyond any layer an Ethos-U runs
 
 
 @dataclass(frozen=True)
@@ -396,19 +402,34 @@ def decode_weights_u85(streams: list[bytes], layout: U85Layout, fwd: bool,
                        deadline: float | None = None) -> np.ndarray:
     """The [OFM, KH, KW, IFM] weights (int64; IFM 1 for depthwise) of an Ethos-U85 operation's weight streams
     (one per core for SWD, one for FWD)."""
-    orders = layout.stream_order(fwd)
-    if len(streams) != len(orders):
-        raise TosakitError(f"the operation has {len(streams)} weight stream(s); {layout.cores} core(s) in the "
-                           f"{'fast-decode' if fwd else 'standard'} format need {len(orders)}", _FIX)
+    key = (tuple(bytes(d) for d in streams), layout, fwd)
+    found = _DECODED.get(key)
+    if found is None:
+        found = _decode_u85(key[0], layout, fwd, deadline)
+        _DECODED.put(key, found)
+    return found.astype(np.int64)
+
+
+def _decode_u85(streams: tuple[bytes, ...], layout: U85Layout, fwd: bool, deadline: float | None) -> np.ndarray:
     size = layout.ofm_depth * layout.kernel_h * layout.kernel_w * layout.ifm_depth
-    weights = np.zeros(size, np.int64)
-    for k, (data, order) in enumerate(zip(streams, orders)):
-        values = decode_fwd(data, order.size) if fwd else CODEC.decode(data, deadline).astype(np.int64)
-        if values.size < order.size:
-            raise TosakitError(f"weight stream {k} decodes to {values.size} weights; the operation's order needs "
+    if len(streams) != (1 if fwd else layout.cores):
+        raise TosakitError(f"the operation has {len(streams)} weight stream(s); {layout.cores} core(s) in the "
+                           f"{'fast-decode' if fwd else 'standard'} format need {1 if fwd else layout.cores}", _FIX)
+    # What the streams hold bounds the order built next (a damaged stream's registers can name any shape).
+    held = sum((len(d) - FWD_HEADER_BYTES) * 4 for d in streams) if fwd else None
+    values = None if fwd else [CODEC.decode(d, deadline).astype(np.int64) for d in streams]
+    held = held if fwd else sum(v.size for v in values)
+    if size > min(held, MAX_WEIGHTS):
+        raise TosakitError(f"the weight stream(s) hold at most {held} weights; a {layout.kernel_h}x{layout.kernel_w} "
+                           f"kernel from {layout.ifm_depth} to {layout.ofm_depth} channels needs {size}", _FIX)
+    weights = np.zeros(size, np.int16)  # int9 values
+    for k, order in enumerate(layout.stream_order(fwd)):
+        got = decode_fwd(streams[k], order.size) if fwd else values[k]
+        if got.size < order.size:
+            raise TosakitError(f"weight stream {k} decodes to {got.size} weights; the operation's order needs "
                                f"{order.size}", _FIX)
         used = order >= 0
-        weights[order[used]] = values[: order.size][used]
+        weights[order[used]] = got[: order.size][used]
     return weights.reshape(layout.ofm_depth, layout.kernel_h, layout.kernel_w, layout.ifm_depth)
 
 
