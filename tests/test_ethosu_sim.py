@@ -254,12 +254,13 @@ _OP_TABLES = ("test_ops", "test_ops_elementwise", "test_ops_layers", "test_ops_s
 _OTHER_CONFIGS = CONFIGS[1:]  # ethos-u55-128 Shared_Sram is the op tests' own target (Harness.ethosu)
 
 
-def _op_cases():
+def _op_cases(flavour: str = "u55"):
+    """The op-table cases of ``flavour`` ("u55" or "u85")."""
     cases = []
     for table in _OP_TABLES:
         op_table = importlib.import_module(table).OP_TABLE
         cases += [pytest.param(op_table, name, id=f"{table[len('test_'):]}.{name}")
-                  for name, flavours in op_table.flavours.items() if "u55" in flavours]
+                  for name, flavours in op_table.flavours.items() if flavour in flavours]
     return cases
 
 
@@ -334,16 +335,7 @@ def test_builtin_model_a16w8_u85(model_name):
     _u85_bit_exact_or_refused(found, None)  # a16w8 unet upsamples without RESIZE: every one runs
 
 
-def _u85_op_cases():
-    cases = []
-    for table in _OP_TABLES:
-        op_table = importlib.import_module(table).OP_TABLE
-        cases += [pytest.param(op_table, name, id=f"{table[len('test_'):]}.{name}")
-                  for name, flavours in op_table.flavours.items() if "u85" in flavours]
-    return cases
-
-
-@pytest.mark.parametrize("op_table,name", _u85_op_cases())
+@pytest.mark.parametrize("op_table,name", _op_cases("u85"))
 def test_op_case_u85(op_table, name):
     """Each op-table case the U85 takes, on ethos-u85-256: bit for bit, or refused where U85_OPS_NOT_RUN pins
     it (so a case that starts or stops running is seen)."""
