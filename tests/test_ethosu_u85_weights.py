@@ -1,7 +1,7 @@
 """Ethos-U85 weight and scale streams read back from Vela 5.2's payloads into the TOSA's own constants, bit for
 bit, in every format Vela emits for U85 (standard SWD, fast-decode FWD with 8-bit values or 2/4-bit table
 indices, 2:4 sparse in either), for one core and several; each test proves from the command stream that Vela
-chose the format it is about."""
+chose the format it is about, and runs the payload on the simulator: the reference model's outputs, bit for bit."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import assert_npu_bit_exact
 from tosakit.backends.ethosu.payload import parse_payload
 from tosakit.flow import compile
 from tosakit.program import LoweredBackendModule
@@ -112,6 +113,7 @@ def _check(model, inputs, accelerator, flags=(), **options) -> list[str]:
             assert match, f"{kind} weights {weights.shape} equal no TOSA convolution's"
             assert any(np.array_equal(b[z: z + depth], scales.bias) for _, b, z in match), f"{kind}: bias differs"
             kinds.append(kind)
+        assert_npu_bit_exact(tosa, payload, seeds=(0,))
     assert kinds, "no convolution was delegated"
     return kinds
 
