@@ -1,5 +1,5 @@
-"""Ethos-U55 programs made by ExecuTorch 1.5.1's own Arm backend (the oracle env, tests/oracle/et_export.py: its
-tutorial flow, EthosUQuantizer + EthosUPartitioner) on tosakit's host runtime (issue 14):
+"""Ethos-U55 and Ethos-U85 programs made by ExecuTorch 1.5.1's own Arm backend (the oracle env,
+tests/oracle/et_export.py: its tutorial flow, EthosUQuantizer + EthosUPartitioner) on tosakit's host runtime:
 
 - the .pte carries no TOSA; each delegate's command stream, run on tosakit's simulator from the payload's bytes,
   equals bit for bit the TOSA reference model on the TOSA ExecuTorch compiled it from (its dumped intermediate),
@@ -35,6 +35,7 @@ from tosakit.zoo import MODELS
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
 TARGET = "ethos-u55-128"
+TARGETS = ["ethos-u55-128", "ethos-u85-256"]
 # Built-in models ExecuTorch delegates whole on the U55 (mv2, digits, resnet18), and waves: three delegates with
 # ExecuTorch's CPU pooling between them. (mv3, transformer and lstm delegate whole too, at more export time.)
 NAMES = ["mv2", "digits", "resnet18", "waves"]
@@ -43,15 +44,16 @@ BLOCKS = ["vela_bin_stream", "cmd_data", "weight_data", "scratch_size", "inputs"
 
 @pytest.fixture(scope="module")
 def exported(et_oracle, tmp_path_factory):
-    """name -> (example inputs, et_export.py's result), each model exported once per test worker."""
+    """(name, target) -> (example inputs, et_export.py's result), each exported once per test worker."""
     made = {}
 
-    def get(name: str):
-        if name not in made:
+    def get(name: str, target: str = TARGET):
+        if (name, target) not in made:
             module, inputs = MODELS[name].factory()
             folder = tmp_path_factory.mktemp(f"executorch_{name}")
-            made[name] = inputs, et_oracle.export_ethosu(module.eval(), inputs, folder, name=name, target=TARGET)
-        return made[name]
+            made[name, target] = inputs, et_oracle.export_ethosu(module.eval(), inputs, folder, name=name,
+                                                                 target=target)
+        return made[name, target]
 
     return get
 
@@ -66,10 +68,11 @@ def _delegate_tosa(program, result) -> list[tuple[object, bytes, bytes]]:
     return out
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", NAMES)
-def test_executorch_program_simulates_bit_exact(name, exported):
+def test_executorch_program_simulates_bit_exact(name, target, exported):
     """No TOSA inside ExecuTorch's .pte; each delegate simulated equals its TOSA on the reference model."""
-    inputs, result = exported(name)
+    inputs, result = exported(name, target)
     pte = Path(result["pte"])
     program = load(pte)
     delegates = _delegate_tosa(program, result)
@@ -93,13 +96,14 @@ def test_executorch_program_simulates_bit_exact(name, exported):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", NAMES)
-def test_tosakit_run_executes_executorch_program(name, exported, tmp_path, capsys):
+def test_tosakit_run_executes_executorch_program(name, target, exported, tmp_path, capsys):
     """`tosakit run X.pte` (default engine, and --engine npu) on ExecuTorch's program: what the program gives with
     ExecuTorch's own TOSA for each delegate (the tosa engine), bit for bit; --engine tosa has no TOSA to run."""
     from tosakit.cli import main
 
-    inputs, result = exported(name)
+    inputs, result = exported(name, target)
     pte = Path(result["pte"])
     program = load(pte)
     delegates = _delegate_tosa(program, result)
@@ -121,7 +125,7 @@ def test_tosakit_run_executes_executorch_program(name, exported, tmp_path, capsy
     assert code == 2 and "has no TOSA graph inside the program" in err, err
 
 
-def _tosakit_lowering(result, inputs):
+def _tosakit_lowering(result, inputs, target: str):
     """tosakit's edge program for the quantized graph ExecuTorch lowered, for the same Vela configuration.
     ExecuTorch's quantizer rewrites adaptive average pooling as full-range ``slice_copy`` + ``avg_pool2d``;
     tosakit lowers ``slice`` (the same values) and not ``slice_copy``, so that alias is renamed first."""
@@ -130,7 +134,7 @@ def _tosakit_lowering(result, inputs):
         if node.target is torch.ops.aten.slice_copy.Tensor:
             node.target = torch.ops.aten.slice.Tensor
     graph.recompile()
-    spec = EthosUCompileSpec(TARGET)
+    spec = EthosUCompileSpec(target)
     assert list(spec.compiler_flags) == result["vela_flags"]  # the same Vela flags as ExecuTorch used
     return to_edge_transform_and_lower(export(graph, tuple(inputs)), partitioner=[partitioner_for(spec)])
 
@@ -154,14 +158,15 @@ def _same_function(ours: bytes, theirs: bytes, seeds=(0, 1, 2)) -> bool:
                for x, y in zip(run_tosa(ours, _seeded(ours, seed)), run_tosa(theirs, _seeded(ours, seed))))
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", NAMES)
-def test_tosakit_program_for_the_same_quantized_graph(name, exported, tmp_path, record_property):
+def test_tosakit_program_for_the_same_quantized_graph(name, target, exported, tmp_path, record_property):
     """ExecuTorch's program and tosakit's for the very graph ExecuTorch quantized, both run by tosakit (delegates
     on the simulator). Where the TOSAs are identical — byte for byte, or computing the same integers (same I/O,
     equal on seeded whole-range inputs) — the outputs must be equal bit for bit; otherwise the difference per
     output is recorded (the TOSAs are different lowerings: the acceptance then rests on the simulator test)."""
-    inputs, result = exported(name)
-    edge = _tosakit_lowering(result, inputs)
+    inputs, result = exported(name, target)
+    edge = _tosakit_lowering(result, inputs, target)
     ours = [m.tosa for m in edge.program.graph_module.children()
             if isinstance(m, LoweredBackendModule) and m.backend_id == "EthosUBackend"]
     theirs = [Path(d["tosa"]).read_bytes() for d in result["delegates"]]
@@ -179,7 +184,7 @@ def test_tosakit_program_for_the_same_quantized_graph(name, exported, tmp_path, 
         f" ({len(ours)} tosakit / {len(theirs)} ExecuTorch delegate(s))"
     record_property("tosa", tosa)
     record_property("outputs", "; ".join(diffs))
-    print(f"{name}: TOSA {tosa}; {'; '.join(diffs)}")
+    print(f"{name} {target}: TOSA {tosa}; {'; '.join(diffs)}")
     if same:
         for k, (m, e) in enumerate(zip(mine, executorch)):
             assert torch.equal(m, e), f"output {k}: the TOSAs compute the same integers, the programs differ"
