@@ -287,14 +287,14 @@ def test_op_case_every_configuration(op_table, name):
 U85_CONFIGS = [("ethos-u85-128", None), ("ethos-u85-256", None), ("ethos-u85-256", "Dedicated_Sram"),
                ("ethos-u85-512", None), ("ethos-u85-2048", None)]
 # What U85 streams use that the simulator does not run yet: built-in models by the command the refusal names;
-# _u85 op-table cases on ethos-u85-256 by name (MatMul with IFM2 as weights, RESIZE, compares, MIN/MAX, 2:4 of
-# accumulators loaded from IFM2, reversed OFMs, indexed DMA, scalar IFMs). Everything else runs bit for bit.
+# _u85 op-table cases on ethos-u85-256 by name (MatMul with IFM2 as weights, RESIZE, compares, accumulators
+# loaded from IFM2, reversed OFMs, indexed DMA, scalar IFMs). Everything else runs bit for bit.
 U85_MODELS_NOT_RUN = {"transformer": "NPU_OP_CONV weights_ifm2 = 1", "unet": "NPU_OP_RESIZE"}
 U85_OPS_NOT_RUN = frozenset(
     "bitwise_on_masks bmm bool_to_float conv_amin_channels conv_cat_channels conv_flip conv_index_select "
     "conv_transpose2d conv_transpose2d_k4s2 conv_transpose2d_s1 eq_scalar flip gather ge_scalar gt_where "
     "index_select le_scalar logical_and logical_not logical_or lt_where masked_fill matmul_2d matmul_3d_2d "
-    "matmul_4d_transposed maximum mean_all minimum_broadcast ne_tensor neg pad_reflect rsub sdpa self_attention "
+    "matmul_4d_transposed mean_all ne_tensor neg pad_reflect rsub sdpa self_attention "
     "sum_all upsample_bilinear_2x upsample_bilinear_4x upsample_nearest_2x upsample_nearest_3x upsample_nearest_4x2 "
     "where_number".split())
 

@@ -30,7 +30,7 @@ class NotSimulatedError(TosakitError):
 U85_RUNS = {
     ("NPU_OP_CONV", "weights_ifm2"): {0},
     ("NPU_OP_POOL", "pooling_mode"): {f"POOLING_MODE_{m}" for m in ("MAX", "AVERAGE", "SUM", "REDUCE_SUM")},
-    ("NPU_OP_ELEMENTWISE", "elementwise_mode"): {f"ELEMENTWISE_MODE_{m}" for m in ("ADD", "SUB", "MUL")},
+    ("NPU_OP_ELEMENTWISE", "elementwise_mode"): {f"ELEMENTWISE_MODE_{m}" for m in ("ADD", "SUB", "MUL", "MIN", "MAX")},
     ("NPU_SET_IFM_PRECISION", "activation_storage"): {"ACTIVATION_STORAGE_TILE2X2", "ACTIVATION_STORAGE_CHAINED"},
     ("NPU_SET_IFM2_PRECISION", "activation_storage"): {f"ACTIVATION_STORAGE_{m}" for m in ("TILE2X2", "CHAINED",
                                                                                            "NONE")},

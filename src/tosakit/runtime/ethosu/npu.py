@@ -394,7 +394,7 @@ def elementwise(npu: Npu, command) -> None:
 
 
 def _elementwise_u85(npu: Npu, mode: str, h: int, w: int, c: int) -> None:
-    """U85 ADD, SUB, MUL: each operand less its zero point and scaled by its own IFM_SCALE / IFM2_SCALE (as a
+    """U85 ADD, SUB, MUL, MIN, MAX: each operand less its zero point and scaled by its own IFM_SCALE / IFM2_SCALE (as a
     TOSA RESCALE before the operation), IFM2 broadcast along the axes its broadcast mode names or the scalar
     OP_SCALAR, then the OFM scale."""
     ifm, ofm = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "OFM")
@@ -414,7 +414,8 @@ def _elementwise_u85(npu: Npu, mode: str, h: int, w: int, c: int) -> None:
     a = scaled(npu.read(ifm, h, w, c), ifm.zero_point, "IFM_SCALE")
     b = scaled(b, ifm2.zero_point, "IFM2_SCALE")
     name = mode.removeprefix("ELEMENTWISE_MODE_")
-    combined = {"ADD": np.add, "SUB": np.subtract, "MUL": lambda x, y: numerics.times(x, y)}[name](a, b)
+    combined = {"ADD": np.add, "SUB": np.subtract, "MUL": lambda x, y: numerics.times(x, y), "MIN": np.minimum,
+                "MAX": np.maximum}[name](a, b)
     out = numerics.scale_output(np.broadcast_to(combined, (h, w, c)), npu.value("OFM_SCALE", "scale"),
                                 npu.value("OFM_SCALE", "shift"), npu.round_mode()) + ofm.zero_point
     write_ofm(npu, ofm, npu.activation(out, ofm))
