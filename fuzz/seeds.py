@@ -82,6 +82,8 @@ NPU_SEEDS = {
     "digits_a16w8_u55_64": ("digits", "ethos-u55-64", None, True),
     "digits_u85_256": ("digits", "ethos-u85-256", None, False),  # fast-decode and 2:4 sparse weights
     "softmax_u85_2048": ("softmax", "ethos-u85-2048", None, False),  # LUTs, chained operations
+    "transformer_u85_128": ("transformer", "ethos-u85-128", None, False),  # MatMul (IFM2 as weights), transposes
+    "unet_u85_512": ("unet", "ethos-u85-512", None, False),  # RESIZE nearest and bilinear, two cores
 }
 
 

@@ -227,10 +227,14 @@ def test_u85_streams_decode_and_what_is_not_run_yet_is_named():
     stream = decode(_cmd_data([STOP], config=U85_256_CONFIG))
     assert stream.accelerator_config.accelerator == "ethos-u85-256" and stream.accelerator_config.shram_kib is None
     assert stream.require_simulated() is stream
-    resize = 0x00000007  # NPU_OP_RESIZE, bilinear
+    replicate = 0x00010007  # NPU_OP_RESIZE, REPLICATE (Vela's mode for what is neither bilinear nor nearest)
     with pytest.raises(NotSimulatedError, match=r"an Ethos-U85 command stream \(ethos-u85-256\) the simulator does "
-                                                r"not run yet: the command at offset 0x000000 \(NPU_OP_RESIZE\)"):
-        decode(_cmd_data([resize, STOP], config=U85_256_CONFIG)).require_simulated()
+                                                r"not run yet: the command at offset 0x000004 \(NPU_OP_RESIZE "
+                                                r"resize_mode = RESIZE_MODE_REPLICATE\)"):
+        decode(_cmd_data([STOP, replicate, STOP], config=U85_256_CONFIG)).require_simulated()
+    branch = [0x00004100, 0]  # NPU_OP_BRANCH
+    with pytest.raises(NotSimulatedError, match=r"offset 0x000000 \(NPU_OP_BRANCH\)"):
+        decode(_cmd_data([*branch, STOP], config=U85_256_CONFIG)).require_simulated()
     assert decode(_cmd_data([STOP])).require_simulated().commands[0].register.name == "NPU_OP_STOP"
     with pytest.raises(TosakitError, match="unknown Ethos-U accelerator"):
         register_map("ethos-u56-128")

@@ -15,7 +15,7 @@ from tosakit.errors import TosakitError
 from tosakit.flow import compile
 from tosakit.runtime.ethosu import npu, weights
 from tosakit.runtime.ethosu.codec import CODEC
-from tosakit.runtime.ethosu.commands import NotSimulatedError, decode
+from tosakit.runtime.ethosu.commands import decode, disassemble
 from tosakit.runtime.ethosu.memory import NpuAccessError
 from tosakit.runtime.ethosu.npu import weight_streams
 from tosakit.runtime.ethosu.registers import register_map
@@ -286,43 +286,38 @@ def test_op_case_every_configuration(op_table, name):
 
 U85_CONFIGS = [("ethos-u85-128", None), ("ethos-u85-256", None), ("ethos-u85-256", "Dedicated_Sram"),
                ("ethos-u85-512", None), ("ethos-u85-2048", None)]
-# What U85 streams use that the simulator does not run yet: built-in models by the command the refusal names;
-# _u85 op-table cases on ethos-u85-256 by name (MatMul with IFM2 as weights, RESIZE, compares, accumulators
-# loaded from IFM2, reversed OFMs, indexed DMA, scalar IFMs). Everything else runs bit for bit.
-U85_MODELS_NOT_RUN = {"transformer": "NPU_OP_CONV weights_ifm2 = 1", "unet": "NPU_OP_RESIZE"}
-U85_OPS_NOT_RUN = frozenset(
-    "bitwise_on_masks bmm bool_to_float conv_amin_channels conv_cat_channels conv_flip conv_index_select "
-    "conv_transpose2d conv_transpose2d_k4s2 conv_transpose2d_s1 eq_scalar flip gather ge_scalar gt_where "
-    "index_select le_scalar logical_and logical_not logical_or lt_where masked_fill matmul_2d matmul_3d_2d "
-    "matmul_4d_transposed mean_all ne_tensor neg pad_reflect rsub sdpa self_attention "
-    "sum_all upsample_bilinear_2x upsample_bilinear_4x upsample_nearest_2x upsample_nearest_3x upsample_nearest_4x2 "
-    "where_number".split())
+# Op-table cases whose U85 stream holds a command (as its listing names it) no built-in model's does: each must keep
+# holding it, so that what the simulator runs stays proven bit for bit.
+U85_COVERS = {
+    "matmul_2d": "NPU_OP_CONV                        1, weights_ifm2 = 1", "bmm": "weights_ifm2 = 1",
+    "upsample_bilinear_2x": "RESIZE_MODE_BILINEAR", "upsample_nearest_3x": "RESIZE_MODE_NEAREST",
+    "eq_scalar": "ELEMENTWISE_MODE_CMP_EQ", "ge_scalar": "ELEMENTWISE_MODE_CMP_GE", "gt_where": "ELEMENTWISE_MODE_CMP_GT",
+    "bitwise_on_masks": "ELEMENTWISE_MODE_XOR", "logical_not": "ELEMENTWISE_MODE_NOT", "logical_or": "ELEMENTWISE_MODE_OR",
+    "bool_to_float": "ELEMENTWISE_MODE_AND_NOT", "logical_and": "elementwise_mode = ELEMENTWISE_MODE_AND\n",
+    "neg": "NPU_SET_IFM_BROADCAST              8, broadcast_mode = BROADCAST_MODE_SCALAR",
+    "conv_transpose2d": "acc_input = ACC_INPUT_IFM2", "mean_all": "POOLING_MODE_NONE",
+    "conv_amin_channels": "POOLING_MODE_MIN", "flip": "ACTIVATION_REVERSE_H", "pad_reflect": "ACTIVATION_REVERSE_W",
+    "gather": "idx_mode = DMA_IDX_MODE_ENABLED", "index_select": "stride_mode = DMA_STRIDE_MODE_D3",
+}
 
 
-def _u85_bit_exact_or_refused(found, pinned: str | None) -> None:
-    """Each delegate simulated bit for bit, or (only when ``pinned`` names what) refused before it runs."""
-    refused = []
+def _u85_bit_exact(found, seeds=(0,)) -> str:
+    """Each delegate run by the simulator (nothing refused) bit for bit; their listings, joined."""
+    listings = []
     for tosa, payload in found:
-        try:
-            decode(payload.cmd_data).require_simulated()
-        except NotSimulatedError as exc:
-            refused.append(exc.message)
-            continue
-        assert_npu_bit_exact(tosa, payload, seeds=(0,))
-    if pinned is None:
-        assert not refused, refused
-    else:
-        assert refused and all("does not run yet" in m for m in refused), refused
-        assert any(pinned in m for m in refused) or pinned == "*", refused
+        stream = decode(payload.cmd_data).require_simulated()
+        assert_npu_bit_exact(tosa, payload, seeds=seeds)
+        listings += disassemble(stream)
+    return "\n".join(listings)
 
 
 @pytest.mark.parametrize("target,memory_mode", U85_CONFIGS, ids=[f"{t}-{m or 'default'}" for t, m in U85_CONFIGS])
 @pytest.mark.parametrize("model_name", [m if m in _SMALL else pytest.param(m, marks=pytest.mark.slow) for m in MODELS])
 def test_builtin_model_u85(model_name, target, memory_mode):
-    """Every built-in model, int8, on every Ethos-U85 configuration: the reference model's outputs bit for
-    bit, or (pinned) refused naming the command the simulator does not run yet."""
+    """Every built-in model, int8, on every Ethos-U85 configuration: the reference model's outputs bit for bit
+    (transformer's MatMuls read IFM2 as weights, unet resizes bilinear and nearest)."""
     model, inputs = MODELS[model_name].factory()
-    _u85_bit_exact_or_refused(delegates(model, inputs, target, memory_mode), U85_MODELS_NOT_RUN.get(model_name))
+    _u85_bit_exact(delegates(model, inputs, target, memory_mode))
 
 
 @pytest.mark.parametrize("model_name", A16W8)
@@ -331,15 +326,47 @@ def test_builtin_model_a16w8_u85(model_name):
     from tosakit.quantize import get_symmetric_a16w8_quantization_config
 
     model, inputs = MODELS[model_name].factory()
-    found = delegates(model, inputs, "ethos-u85-256", config=get_symmetric_a16w8_quantization_config())
-    _u85_bit_exact_or_refused(found, None)  # a16w8 unet upsamples without RESIZE: every one runs
+    _u85_bit_exact(delegates(model, inputs, "ethos-u85-256", config=get_symmetric_a16w8_quantization_config()))
 
 
 @pytest.mark.parametrize("op_table,name", _op_cases("u85"))
 def test_op_case_u85(op_table, name):
-    """Each op-table case the U85 takes, on ethos-u85-256: bit for bit, or refused where U85_OPS_NOT_RUN pins
-    it (so a case that starts or stops running is seen)."""
+    """Each op-table case the U85 takes, on ethos-u85-256, bit for bit; the cases of U85_COVERS with the command
+    they stand for in their stream (and three input seeds)."""
     module, inputs = op_table.build(name)
     torch.manual_seed(0)
     compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
-    _u85_bit_exact_or_refused(ethosu_delegates(compiled), "*" if name in U85_OPS_NOT_RUN else None)
+    listing = _u85_bit_exact(ethosu_delegates(compiled), seeds=(0, 1, 2) if name in U85_COVERS else (0,))
+    assert U85_COVERS.get(name, "") in listing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op_table,name", _op_cases("u85"))
+def test_op_case_every_u85_configuration(op_table, name):
+    """Each op-table case the U85 takes, compiled for the other four Ethos-U85 configurations, bit for bit."""
+    module, inputs = op_table.build(name)
+    for target, memory_mode in U85_CONFIGS:
+        if (target, memory_mode) != ("ethos-u85-256", None):
+            torch.manual_seed(0)
+            compiled = compile(module, inputs, EthosUCompileSpec(target, memory_mode=memory_mode), quantize=True)
+            _u85_bit_exact(ethosu_delegates(compiled))
+
+
+def test_u85_gather_index_out_of_range_names_the_command():
+    """index_select's rows come through the DMA's index array (constant data): an index past IDX_MAX, as a damaged
+    payload could hold, is an error naming the DMA, not a read of another tensor's bytes."""
+    op_table = importlib.import_module("test_ops_shape").OP_TABLE
+    module, inputs = op_table.build("index_select")
+    torch.manual_seed(0)
+    compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
+    (tosa, payload), = ethosu_delegates(compiled)
+    commands = decode(payload.cmd_data).commands
+    at = next(c.field("addr") for c in commands if c.register.name == "NPU_SET_DMA0_IDX")
+    assert next(c.field("region") for c in commands if c.register.name == "NPU_SET_DMA0_IDX_REGION") == 0
+    assert_npu_bit_exact(tosa, payload, seeds=(0,))
+    weights = bytearray(payload.weight_data)
+    weights[at: at + 4] = (7).to_bytes(4, "little")
+    payload.weight_data = bytes(weights)
+    with pytest.raises(TosakitError, match=r"command at offset 0x[0-9a-f]+ \(NPU_OP_DMA_START\) gathers row 7, "
+                                           r"outside 0\.\.2 \(IDX_MAX\)"):
+        simulate(payload, npu_inputs(payload, 0))

@@ -19,7 +19,7 @@ from tosakit.cli import main
 from tosakit.errors import TosakitError
 from tosakit.flow import compile
 from tosakit.program import schema as S
-from tosakit.program.pte import deserialize_pte, serialize_pte
+from tosakit.program.pte import deserialize_pte, serialize_pte, tosa_key
 from tosakit.runtime import Limits, LoadedProgram, load
 from tosakit.runtime.ethosu.commands import decode
 from tosakit.specs import EthosUCompileSpec
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.numerics
 
 
 class SelfMatMul(nn.Module):
-    """x @ x^T: on Ethos-U85 a MatMul reading IFM2 as its weights, which the simulator does not run yet."""
+    """x @ x^T: on Ethos-U85 a MatMul reading IFM2 as its weights."""
 
     def forward(self, x):
         return torch.matmul(x, x.transpose(1, 2))
@@ -50,7 +50,7 @@ def _compile(target: str, debug_info: bool, channels_last: bool = False, model: 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory) -> dict[str, Path]:
     """SmallNet for ethos-u55-128 with its TOSA (also with channels-last input), without, and for ethos-u85-256;
-    and a U85 MatMul the simulator does not run yet."""
+    and a U85 MatMul."""
     folder = tmp_path_factory.mktemp("npu")
     made = {"u55": _compile("ethos-u55-128", True), "u55_nhwc": _compile("ethos-u55-128", True, channels_last=True),
             "u55_payload_only": _compile("ethos-u55-128", False), "u85": _compile("ethos-u85-256", True),
@@ -82,7 +82,7 @@ def _input(path: Path) -> list[torch.Tensor]:
 # ------------------------------------------------------------------ the engine choice
 
 
-@pytest.mark.parametrize("name", ["u55", "u55_nhwc", "u85"])
+@pytest.mark.parametrize("name", ["u55", "u55_nhwc", "u85", "u85_matmul"])
 def test_npu_and_tosa_engines_agree_bit_for_bit(programs, name):
     """The delegate call's tensors are the I/O table's bytes in their stored order (NHWC for channels-last
     ones): the simulator's outputs are the TOSA's, bit for bit, through the whole program."""
@@ -122,17 +122,25 @@ def test_tosa_engine_without_tosa_says_recompile_with_debug_info(programs, tmp_p
     assert not (tmp_path / "o.npz").exists()
 
 
-def test_u85_stream_the_simulator_does_not_run_yet_runs_its_tosa(programs, capsys):
-    path = programs["u85_matmul"]
+def _accumulators_kept(payload) -> None:
+    """The U85 stream's last ACC_FORMAT made to keep the accumulators (a split contraction), which the simulator
+    does not run yet."""
+    commands, start = _stream(payload)
+    last = [c for c in commands if c.register.name == "NPU_SET_ACC_FORMAT"][-1]
+    _word(payload, start + last.offset, (last.value | 1 << 4) << 16 | last.register.code)
+
+
+def test_u85_stream_the_simulator_does_not_run_yet_runs_its_tosa(programs, tmp_path, capsys):
+    path = _with_payload(programs["u85_matmul"], _accumulators_kept, tmp_path / "keep.pte", keep_tosa=True)
     assert not load(path).layouts["forward"].delegate_npu  # the default engine runs its TOSA
     code, out, _ = _cli(capsys, "run", path, "--random")
-    assert code == 0 and "simulator" not in out
+    assert code == 0 and "on the NPU simulator" not in out
     code, _, err = _cli(capsys, "run", path, "--random", "--engine", "npu")
-    _one_error(code, err, "delegate 0, EthosUBackend", "Ethos-U85", "does not run yet", "NPU_OP_CONV weights_ifm2 = 1",
-               "--engine tosa")
+    _one_error(code, err, "delegate 0, EthosUBackend", "Ethos-U85", "does not run yet",
+               "NPU_SET_ACC_FORMAT acc_input = ACC_INPUT_KEEP", "--engine tosa")
     code, out, _ = _cli(capsys, "inspect", path)
     assert code == 0 and "host engine: tosa" in out
-    code, out, _ = _cli(capsys, "inspect", programs["u85"])
+    code, out, _ = _cli(capsys, "inspect", programs["u85_matmul"])
     assert code == 0 and "host engine: npu" in out
 
 
@@ -254,9 +262,11 @@ def _payload(path: Path) -> bytes:
             else segments[ref.index])
 
 
-def _with_payload(path: Path, change, out: Path) -> Path:
-    """The program at ``path`` with its Ethos-U payload rewritten by ``change(payload)`` (in place)."""
+def _with_payload(path: Path, change, out: Path, keep_tosa: bool = False) -> Path:
+    """The program at ``path`` with its Ethos-U payload rewritten by ``change(payload)`` (in place); with
+    ``keep_tosa`` its carried TOSA still found (under the new payload's key)."""
     program, segments = deserialize_pte(path.read_bytes())
+    old = tosa_key(_payload(path))
     ref = program.execution_plan[0].delegates[0].processed
     payload = parse_payload(_payload(path))
     change(payload)
@@ -266,6 +276,8 @@ def _with_payload(path: Path, change, out: Path) -> Path:
         program.backend_delegate_data[ref.index] = S.BackendDelegateInlineData(blob)
     else:
         segments[ref.index] = blob
+    for named in program.named_data if keep_tosa else ():
+        named.key = tosa_key(blob) if named.key == old else named.key
     out.write_bytes(serialize_pte(program, segments))
     return out
 

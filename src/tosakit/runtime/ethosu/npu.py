@@ -93,8 +93,17 @@ class Npu:
         return self.regs.name(f"NPU_SET_{register}", field)
 
     def ofm_shape(self) -> tuple[int, int, int]:
-        return (self.value("OFM_HEIGHT_M1", "height_m1") + 1, self.value("OFM_WIDTH_M1", "width_m1") + 1,
-                self.value("OFM_DEPTH_M1", "depth_m1") + 1)
+        """The OFM an operation computes, refused before anything is computed when it could not fit where it goes
+        (its region; a chain buffer, no larger than the largest region)."""
+        shape = (self.value("OFM_HEIGHT_M1", "height_m1") + 1, self.value("OFM_WIDTH_M1", "width_m1") + 1,
+                 self.value("OFM_DEPTH_M1", "depth_m1") + 1)
+        ofm = FeatureMap.of(self.regs, "OFM")
+        if not (self.u85 and self.name("OFM_PRECISION", "activation_storage").endswith("CHAINED")):
+            self.memory.check_extent(ofm.region, shape, ofm.elem, "writes")
+        elif shape[0] * shape[1] * shape[2] * ofm.elem > max(r.data.size for r in self.memory.regions.values()):
+            raise TosakitError(f"{self.memory.where} chains a {'x'.join(map(str, shape))} OFM, larger than any memory "
+                               "region", "the command stream is corrupt: recompile the program")
+        return shape
 
     def kernel(self) -> "Kernel":
         stride = lambda axis: ((self.value("KERNEL_STRIDE", f"stride_{axis}_msb") << 1)  # noqa: E731
@@ -272,12 +281,15 @@ U85_IFM_ROUNDING = {"ROUND_MODE_IFM_NATURAL": "ROUND_MODE_NATURAL", "ROUND_MODE_
 
 
 def write_ofm(npu: Npu, ofm: FeatureMap, values: np.ndarray) -> None:
-    """Store the computed OFM: on U85 transposed as OFM_PRECISION says (its tile registers describe the stored
-    shape)."""
+    """Store the computed OFM: on U85 reversed or transposed as OFM_PRECISION says (its tile registers describe the
+    stored shape), or kept in a chain buffer."""
     if npu.u85 and npu.name("OFM_PRECISION", "activation_storage").endswith("CHAINED"):
         npu.chains[ofm.region] = values  # chaining and transposing never meet (regor asserts it)
         return
     if npu.u85:
+        reverse = npu.name("OFM_PRECISION", "activation_reverse").removeprefix("ACTIVATION_REVERSE_")
+        if reverse != "NONE":  # the computed OFM reversed along one axis (never with a transpose: regor asserts it)
+            values = np.flip(values, "HWC".index(reverse))
         values = values.transpose(TRANSPOSES[npu.name("OFM_PRECISION", "activation_transpose").rsplit("_", 1)[1]])
     ofm.write(npu.memory, values)
 
@@ -292,14 +304,26 @@ def _scales(npu: Npu, depth: int):
 
 @operation("NPU_OP_CONV")
 def conv(npu: Npu, command) -> None:
-    """Convolution (and the vector product: a 1x1 convolution): sum of (ifm - zp) x weight, plus bias, scaled."""
+    """Convolution (and the vector product: a 1x1 convolution): sum of (ifm - zp) x weight, plus bias, scaled. On
+    U85 with ``weights_ifm2`` the matrix product whose weights are IFM2."""
     oh, ow, oc = npu.ofm_shape()
     ic = npu.value("IFM_DEPTH_M1", "depth_m1") + 1
+    if npu.u85 and command.field("weights_ifm2"):
+        return _matmul(npu, oh, ow, oc, ic)
     w = _weights(npu, npu.kernel(), ic, oc, depthwise=False)
     win, _, ifm, k = windows(npu, ic)
-    acc = by_blocks(npu, oh, ow, ic * k.h * k.w, lambda ys, xs: exact_dot(win[ys, xs], w, ([2, 3, 4], [3, 1, 2])))
-    bias, scale, shift = _scales(npu, oc)
-    _output(npu, acc + bias, scale, shift)
+    _finish(npu, by_blocks(npu, oh, ow, ic * k.h * k.w,
+                           lambda ys, xs: exact_dot(win[ys, xs], w, ([2, 3, 4], [3, 1, 2]))), scale_stream=True)
+
+
+def _matmul(npu: Npu, oh: int, ow: int, oc: int, ic: int) -> None:
+    """U85 MatMul: OFM[y, x, o] = sum over c of (IFM[y, x, c] - zp) x (IFM2[y, o, c] - zp2); IFM2 holds the right-hand
+    matrix transposed (Vela writes it so), a row of it per OFM row; OFM_SCALE, no bias."""
+    check_work(oh * ow * oc * ic, npu.memory.where)
+    ifm, ifm2 = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "IFM2")
+    a = npu.read(ifm, oh, ow, ic) - ifm.zero_point
+    b = npu.read(ifm2, oh, oc, ic) - ifm2.zero_point
+    _finish(npu, np.stack([exact_dot(a[y], b[y], ([1], [1])) for y in range(oh)]), scale_stream=False)
 
 
 @operation("NPU_OP_DEPTHWISE")
@@ -308,9 +332,23 @@ def depthwise(npu: Npu, command) -> None:
     oh, ow, oc = npu.ofm_shape()
     w = _weights(npu, npu.kernel(), oc, oc, depthwise=True)[:, :, :, 0]  # [C, KH, KW]
     win, _, ifm, k = windows(npu, oc)
-    acc = np.einsum("hwckl,ckl->hwc", win, w.astype(np.int64))
-    bias, scale, shift = _scales(npu, oc)
-    _output(npu, acc + bias, scale, shift)
+    _finish(npu, np.einsum("hwckl,ckl->hwc", win, w.astype(np.int64)), scale_stream=True)
+
+
+def _finish(npu: Npu, acc: np.ndarray, scale_stream: bool) -> None:
+    """The accumulators to the OFM: on U85 first added to what ACC_FORMAT loads them from (IFM2's values); then the
+    bias and per-channel scales of the scale stream (on U85 when the OFM scale mode is per channel), or OFM_SCALE."""
+    if npu.u85:
+        if npu.name("ACC_FORMAT", "acc_input") == "ACC_INPUT_IFM2":
+            ifm2 = FeatureMap.of(npu.regs, "IFM2")
+            acc = acc + (npu.read(ifm2, *acc.shape) - ifm2.zero_point)
+        scale_stream = npu.name("OFM_PRECISION", "scale_mode") == "OFM_SCALE_MODE_PER_CHANNEL"
+    if scale_stream:
+        bias, scale, shift = _scales(npu, acc.shape[-1])
+        acc = acc + bias
+    else:
+        scale, shift = npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")
+    _output(npu, acc, scale, shift)
 
 
 def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarray:
@@ -331,15 +369,15 @@ def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarr
 
 @operation("NPU_OP_POOL")
 def pool(npu: Npu, command) -> None:
-    """Max, average and sum pooling over the kernel window, then the OFM scale."""
+    """Max, min, average and sum pooling over the kernel window (on U85 also none: the accumulators come from IFM2
+    alone), then the OFM scale."""
     mode = command.register.fields[0].enum[command.field(command.register.fields[0].name)]
     oh, ow, oc = npu.ofm_shape()
-    scale, shift = npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")
-    if mode == "POOLING_MODE_MAX":
+    if mode in ("POOLING_MODE_MAX", "POOLING_MODE_MIN"):
         win, mask, _, k = windows(npu, oc)
-        lowest = np.iinfo(np.int64).min
+        pick, fill = (np.max, np.iinfo(np.int64).min) if mode.endswith("MAX") else (np.min, np.iinfo(np.int64).max)
         acc = by_blocks(npu, oh, ow, oc * k.h * k.w,
-                        lambda ys, xs: np.where(mask[ys, xs, None], win[ys, xs], lowest).max(axis=(3, 4)))
+                        lambda ys, xs: pick(np.where(mask[ys, xs, None], win[ys, xs], fill), axis=(3, 4)))
     elif mode == "POOLING_MODE_AVERAGE":
         win, mask, _, k = windows(npu, oc)
         acc = win.sum(axis=(3, 4))
@@ -352,10 +390,47 @@ def pool(npu: Npu, command) -> None:
         acc = win.sum(axis=(3, 4))
     elif mode == "POOLING_MODE_REDUCE_SUM":  # over the window and every IFM channel, into OFM depth 1
         acc = windows(npu, npu.value("IFM_DEPTH_M1", "depth_m1") + 1)[0].sum(axis=(2, 3, 4))[:, :, None]
+    elif mode == "POOLING_MODE_NONE" and npu.u85:  # U85's NullPool: IFM2 (its accumulator source) rescaled
+        acc = np.zeros((oh, ow, oc), np.int64)
     else:
         raise UnsupportedCommandError(f"{npu.memory.where}: pooling mode {mode} is not simulated yet",
                                       "run the program's TOSA instead (tosakit run --engine tosa)")
-    _output(npu, acc, scale, shift)
+    _finish(npu, acc, scale_stream=False)
+
+
+@operation("NPU_OP_RESIZE")
+def resize(npu: Npu, command) -> None:
+    """U85 RESIZE, TOSA's integer rule per axis: output position o reads IFM position (o x d + offset) / n, nearest
+    or bilinear (weights in units of 1/n, so the sum is n_y x n_x times the value); the result, times 2**16, through
+    OFM_SCALE (whose shift is 16 plus any power-of-two rescale folded in). The kernel size is the IFM's extent."""
+    mode = command.register.fields[0].enum[command.field("resize_mode")]
+    oh, ow, oc = npu.ofm_shape()
+    ih, iw = npu.value("KERNEL_HEIGHT_M1", "height_m1") + 1, npu.value("KERNEL_WIDTH_M1", "width_m1") + 1
+    check_work(oh * ow * oc * 4, npu.memory.where)
+    ifm = FeatureMap.of(npu.regs, "IFM")
+    x = npu.read(ifm, ih, iw, oc) - ifm.zero_point
+
+    def axis(name: str, size: int, extent: int):
+        n = npu.value(f"RESIZE_{name}_SCALE_N_M1", f"resize_{name.lower()}_scale_n_m1") + 1
+        d = npu.value(f"RESIZE_{name}_STEP", "one_step_int") * n + npu.value(f"RESIZE_{name}_STEP", "one_step_mod")
+        offset = npu.regs.signed(f"NPU_SET_RESIZE_{name}_OFFSET", f"resize_{name.lower()}_offset", 12)
+        at = np.arange(size, dtype=np.int64) * d + offset
+        whole, part = at // n, at % n
+        return np.clip(whole, 0, extent - 1), np.clip(whole + 1, 0, extent - 1), part, n
+
+    y0, y1, fy, ny = axis("Y", oh, ih)
+    x0, x1, fx, nx = axis("X", ow, iw)
+    if mode == "RESIZE_MODE_NEAREST":
+        acc = x[np.where(2 * fy >= ny, y1, y0)][:, np.where(2 * fx >= nx, x1, x0)]
+    elif mode == "RESIZE_MODE_BILINEAR":
+        wy0, wy1 = (ny - fy)[:, None, None], fy[:, None, None]
+        wx0, wx1 = (nx - fx)[None, :, None], fx[None, :, None]
+        acc = (x[y0][:, x0] * wy0 * wx0 + x[y0][:, x1] * wy0 * wx1 + x[y1][:, x0] * wy1 * wx0
+               + x[y1][:, x1] * wy1 * wx1)
+    else:
+        raise UnsupportedCommandError(f"{npu.memory.where}: resize mode {mode} is not simulated yet",
+                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+    _finish(npu, acc << 16, scale_stream=False)
 
 
 @operation("NPU_OP_ELEMENTWISE")
@@ -394,28 +469,34 @@ def elementwise(npu: Npu, command) -> None:
 
 
 def _elementwise_u85(npu: Npu, mode: str, h: int, w: int, c: int) -> None:
-    """U85 ADD, SUB, MUL, MIN, MAX: each operand less its zero point and scaled by its own IFM_SCALE / IFM2_SCALE (as a
-    TOSA RESCALE before the operation), IFM2 broadcast along the axes its broadcast mode names or the scalar
-    OP_SCALAR, then the OFM scale."""
-    ifm, ofm = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "OFM")
-    ifm2 = FeatureMap.of(npu.regs, "IFM2")
-    broadcast = npu.name("IFM2_BROADCAST", "broadcast_mode").removeprefix("BROADCAST_MODE_")
-    if broadcast == "SCALAR":
-        b = np.full((1, 1, 1), npu.regs.signed("NPU_SET_OP_SCALAR", "scalar", 32))
-    else:
-        axes = "" if broadcast == "NONE" else broadcast
-        b = npu.read(ifm2, *(1 if axis in axes else n for axis, n in zip("HWC", (h, w, c))))
+    """U85 elementwise: each operand less its zero point and scaled by its own IFM_SCALE / IFM2_SCALE (as a TOSA
+    RESCALE before the operation), broadcast along the axes its broadcast mode names or the scalar OP_SCALAR, the
+    operation (numerics.U85_ELEMENTWISE), then the OFM scale."""
+    name = mode.removeprefix("ELEMENTWISE_MODE_")
+    operation = numerics.U85_ELEMENTWISE.get(name) or numerics.U85_UNARY.get(name)
+    if operation is None:
+        raise UnsupportedCommandError(f"{npu.memory.where}: elementwise mode {mode} is not simulated yet",
+                                      "run the program's TOSA instead (tosakit run --engine tosa)")
 
-    def scaled(values, zero_point, register):
-        rounding = U85_IFM_ROUNDING[npu.name(register, "round_mode")]
-        return numerics.scale_output(values - zero_point, npu.value(register, "scale"), npu.value(register, "shift"),
+    def operand(prefix: str, scale: str) -> np.ndarray:
+        fm = FeatureMap.of(npu.regs, prefix)
+        broadcast = npu.name(f"{prefix}_BROADCAST", "broadcast_mode").removeprefix("BROADCAST_MODE_")
+        if broadcast == "SCALAR":  # one shared register holds the operand's stored value
+            scalar = "NPU_SET_OP_SCALAR"
+            values = np.full((1, 1, 1), npu.regs.signed(scalar, "scalar", 32) if fm.signed
+                             else npu.regs.value(scalar, "scalar"))
+        else:
+            values = npu.read(fm, *(1 if axis in broadcast.replace("NONE", "") else n
+                                    for axis, n in zip("HWC", (h, w, c))))
+        rounding = U85_IFM_ROUNDING[npu.name(scale, "round_mode")]
+        return numerics.scale_output(values - fm.zero_point, npu.value(scale, "scale"), npu.value(scale, "shift"),
                                      rounding)
 
-    a = scaled(npu.read(ifm, h, w, c), ifm.zero_point, "IFM_SCALE")
-    b = scaled(b, ifm2.zero_point, "IFM2_SCALE")
-    name = mode.removeprefix("ELEMENTWISE_MODE_")
-    combined = {"ADD": np.add, "SUB": np.subtract, "MUL": lambda x, y: numerics.times(x, y), "MIN": np.minimum,
-                "MAX": np.maximum}[name](a, b)
+    if name in numerics.U85_UNARY:
+        combined = operation(operand("IFM", "IFM_SCALE"))
+    else:
+        combined = operation(operand("IFM", "IFM_SCALE"), operand("IFM2", "IFM2_SCALE"))
+    ofm = FeatureMap.of(npu.regs, "OFM")
     out = numerics.scale_output(np.broadcast_to(combined, (h, w, c)), npu.value("OFM_SCALE", "scale"),
                                 npu.value("OFM_SCALE", "shift"), npu.round_mode()) + ofm.zero_point
     write_ofm(npu, ofm, npu.activation(out, ofm))
@@ -423,14 +504,17 @@ def _elementwise_u85(npu: Npu, mode: str, h: int, w: int, c: int) -> None:
 
 @operation("NPU_OP_DMA_START")
 def dma(npu: Npu, command) -> None:
-    """A copy between regions (weights streamed from flash, LUTs into SHRAM)."""
+    """A copy between regions (weights streamed from flash, LUTs into internal memory); on U85 also 2-D and 3-D
+    copies, rows gathered or scattered through an index array."""
     src_region, dst_region = npu.value("DMA0_SRC_REGION", "region"), npu.value("DMA0_DST_REGION", "region")
     src, dst, length = npu.value("DMA0_SRC", "addr"), npu.value("DMA0_DST", "addr"), npu.value("DMA0_LEN", "addr")  # regor names the length "addr"
     check_work(length, npu.memory.where)
-    if npu.name("DMA0_SRC_REGION", "stride_mode") not in ("", "DMA_STRIDE_MODE_D1"):
-        raise UnsupportedCommandError(f"{npu.memory.where}: 2-D and 3-D DMA are not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+    linear = npu.name("DMA0_SRC_REGION", "stride_mode") in ("", "DMA_STRIDE_MODE_D1")
+    indexed = npu.u85 and any(npu.name(f"DMA0_{end}_REGION", "idx_mode").endswith("ENABLED") for end in ("SRC", "DST"))
     if npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
+        if not linear or indexed:
+            raise UnsupportedCommandError(f"{npu.memory.where}: a strided or indexed DMA into internal memory is not "
+                                          "simulated", "run the program's TOSA instead (tosakit run --engine tosa)")
         if dst < npu.shram.size - LUT_BYTES or dst + length > npu.shram.size:
             raise TosakitError(f"{npu.memory.where} writes internal bytes [{dst:#x}, {dst + length:#x}), outside "
                                f"its LUT area [{npu.shram.size - LUT_BYTES:#x}, {npu.shram.size:#x})",
@@ -438,8 +522,45 @@ def dma(npu: Npu, command) -> None:
         npu.shram[dst: dst + length] = np.frombuffer(npu.memory.read_bytes(src_region, src, length), np.uint8)
         at = dst - (npu.shram.size - LUT_BYTES)
         npu.lut_written[at: at + length] = True
-        return
-    npu.memory.copy(src_region, src, dst_region, dst, length)
+    elif linear and not indexed:
+        npu.memory.copy(src_region, src, dst_region, dst, length)
+    elif npu.u85:
+        _rows_dma(npu, (src_region, src), (dst_region, dst), length)
+    else:
+        raise UnsupportedCommandError(f"{npu.memory.where}: 2-D and 3-D DMA are not simulated yet on the Ethos-U55/U65",
+                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+
+
+def _rows_dma(npu: Npu, source: tuple[int, int], dest: tuple[int, int], length: int) -> None:
+    """U85 2-D/3-D DMA: SIZE1 blocks of SIZE0 rows of LEN bytes, each end stepping by its STRIDE0 per row and its
+    STRIDE1 per block; with an index array (int32, read in order, IDX_SKIP1 more bytes skipped per block) the
+    indexed end's row is the index (a gather reads, a scatter writes, row idx; an index above IDX_MAX is an error)."""
+    mode = npu.name("DMA0_SRC_REGION", "stride_mode")
+    size0 = 1 if mode.endswith("D1") else npu.value("DMA0_SIZE0", "size")
+    size1 = npu.value("DMA0_SIZE1", "size") if mode.endswith("D3") else 1
+    check_work(size0 * size1 * length, npu.memory.where)
+    npu.memory.check_extent(dest[0], (size1, size0, length), 1, "writes")  # before any address array is made
+    block, row = np.arange(size1, dtype=np.int64)[:, None], np.arange(size0, dtype=np.int64)[None, :]
+    rows = {"SRC": row, "DST": row}
+    for end in rows:
+        if npu.name(f"DMA0_{end}_REGION", "idx_mode").endswith("ENABLED"):
+            skip = npu.value("DMA0_IDX_SKIP1", "addr") if mode.endswith("D3") else 0
+            at = npu.value("DMA0_IDX", "addr") + 4 * (block * size0 + row) + block * skip
+            index = npu.memory.read(npu.value("DMA0_IDX_REGION", "region"), at, np.int32)
+            bound = npu.value("DMA0_IDX_MAX", "idx_max")
+            if index.size and (index.min() < 0 or index.max() > bound):
+                bad = int(index[(index < 0) | (index > bound)][0])
+                raise TosakitError(f"{npu.memory.where} {'gathers' if end == 'SRC' else 'scatters'} row {bad}, outside "
+                                   f"0..{bound} (IDX_MAX)", "the program's indices are out of range for the tensor")
+            rows[end] = index
+
+    def addresses(end: str, start: int) -> np.ndarray:
+        step0, step1 = (npu.value(f"DMA0_{end}_STRIDE{i}", "addr") for i in (0, 1))
+        first = start + block * (step1 if size1 > 1 else 0) + rows[end] * step0
+        return first[:, :, None] + np.arange(length, dtype=np.int64)
+
+    values = npu.memory.read(source[0], addresses("SRC", source[1]), np.uint8)
+    npu.memory.write(dest[0], addresses("DST", dest[1]), values, np.uint8)
 
 
 def weight_streams(commands, register_map: dict, constant: bytes, budget: int) -> list[bytes]:

@@ -92,3 +92,20 @@ def elementwise(mode: str, a: np.ndarray, b: np.ndarray | None, *, zero_points: 
     else:
         return None  # CLZ, SHL, SHR: no stream in the tests uses them, so no rule here is proven yet
     return scale_output(np.asarray(c), *ofm_scale, round_modes[1])
+
+
+def _mask(condition: np.ndarray) -> np.ndarray:
+    """A comparison's result as the U85 stores it: all bits set (-1) where true, 0 where false, so that AND, OR and
+    AND_NOT with it select (Vela builds TOSA SELECT so)."""
+    return -np.asarray(condition, np.int64)
+
+
+# U85 binary elementwise modes on the rescaled operands (a = IFM, b = IFM2), before the OFM scale.
+U85_ELEMENTWISE = {
+    "ADD": np.add, "SUB": np.subtract, "MUL": times, "MIN": np.minimum, "MAX": np.maximum,
+    "CMP_EQ": lambda a, b: _mask(a == b), "CMP_GE": lambda a, b: _mask(a >= b), "CMP_GT": lambda a, b: _mask(a > b),
+    "AND": np.bitwise_and, "OR": np.bitwise_or, "XOR": np.bitwise_xor, "AND_NOT": lambda a, b: a & ~b,
+}
+# U85 unary modes: IFM alone (IFM2's registers are stale).
+U85_UNARY = {"NOT": np.invert}
+
