@@ -17,6 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 SIDE_ENV = ROOT / ".venv-executorch"
 ZOO = ("mv2", "mv3", "resnet18", "transformer", "lstm", "unet", "audio1d", "digits", "waves")
+# ExecuTorch's Ethos-U model tests, from the field's own definitions where they install (`--models field`)
+FIELD = ("ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "wav2letter", "conformer", "lstm",
+         "torchvision:mobilenet_v2", "torchvision:mobilenet_v3_small", "torchvision:mobilenet_v3_large",
+         "torchvision:resnet18", "torchvision:inception_v3", "torchvision:deeplabv3_mobilenet_v3_large",
+         "timm:deit_tiny_patch16_224")
+MODEL_SETS = {"zoo": ZOO, "field": FIELD}
 TARGETS = (("ethos-u55-128", "Shared_Sram"), ("ethos-u85-256", None))
 
 
@@ -244,13 +250,14 @@ def zoo(args) -> None:
     utilisation, SRAM, off-chip; with --compare-executorch, ExecuTorch 1.5.1's figures and the ratios."""
     import torch
 
-    from tosakit.zoo import MODELS
+    from tosakit.zoo import load_model
 
     (OUT / "tosakit").mkdir(parents=True, exist_ok=True)
-    models = args.models.split(",") if args.models else list(ZOO)
-    loaded = {}
-    for name in models:  # one exported module per model: both compilers start from the same graph
-        module, inputs = MODELS[name].factory()
+    specs = [m for part in (args.models or "zoo").split(",") for m in MODEL_SETS.get(part, (part,))]
+    models, loaded = [], {}
+    for spec in specs:  # one exported module per model: both compilers start from the same graph
+        name, module, inputs = load_model(spec)
+        models.append(name)
         path = OUT / "models" / f"{name}.pt2"
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.export.save(torch.export.export(module.eval(), inputs), path)
@@ -308,6 +315,33 @@ def zoo(args) -> None:
         print(f"ratio plot: {_plot_ratios(ratios)}")
 
 
+def llm(args) -> None:
+    """SmolLM2-135M's prompt pass (32 int8 tokens, random weights) on ethos-u85-256 as ExecuTorch's Arm backend
+    tests it (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB): compile seconds, CPU ops, cycles for the prompt and
+    per token, the memory it needs."""
+    from tosakit.flow import compile
+    from tosakit.specs import EthosUCompileSpec
+    from tosakit.zoo import load_model
+
+    _, module, inputs = load_model("hf:HuggingFaceTB/SmolLM2-135M")
+    spec = EthosUCompileSpec("ethos-u85-256", system_config="Ethos_U85_SYS_DRAM_Mid",
+                             memory_mode="Dedicated_Sram_384KB")
+    start = time.perf_counter()
+    compiled = compile(module, inputs, spec, quantize=True)
+    seconds = time.perf_counter() - start
+    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    reports = [d.report for d in compiled.edge.delegates]
+    figures, tokens = Figures.of(reports, seconds, len(cpu)), inputs[0].shape[1]
+    print(f"SmolLM2-135M prompt pass, {tokens} tokens, int8, ethos-u85-256 Dedicated_Sram_384KB")
+    print(f"  compile {seconds:.1f} s; {len(compiled.edge.delegates)} delegate(s); CPU compute ops {len(cpu)}")
+    print(f"  cycles {figures.cycles:,} ({figures.cycles / tokens:,.0f} per token; "
+          f"{1e3 * sum(r.inference_time_s for r in reports):.2f} ms at the NPU clock); MAC utilisation "
+          f"{100 * figures.utilisation:.1f}%")
+    print(f"  SRAM {figures.sram / 1024:.0f} KiB; off-chip {figures.offchip / 2**20:.1f} MiB (encoded weights "
+          f"{sum(r.weights_encoded_bytes for r in reports) / 2**20:.1f} MiB); bound by "
+          + ", ".join(f"{k} {100 * v:.0f}%" for r in reports for k, v in r.bound_by.items()))
+
+
 def hostile(args) -> None:
     """The untrusted-.pte issue's attacks through `tosakit run` in a fresh process: seconds and peak memory
     to the one-line refusal (the issue's goal: under 1 s and 200 MB each)."""
@@ -327,7 +361,8 @@ def hostile(args) -> None:
             print(f"{name:<16}{code:>6}{time.perf_counter() - start:>10.2f}{peak:>10.0f}{imported:>14}")
 
 
-BENCHES = {"host-runtime": host_runtime, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo}
+BENCHES = {"host-runtime": host_runtime, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo,
+           "llm": llm}
 
 
 def main(argv=None) -> int:
@@ -338,7 +373,9 @@ def main(argv=None) -> int:
                         help="zoo: also compile with ExecuTorch 1.5.1 (side environment) and print the ratios")
     parser.add_argument("--reuse-executorch", action="store_true",
                         help="zoo: take ExecuTorch's results from the last run's bench/out/executorch.json")
-    parser.add_argument("--models", help=f"zoo: comma-separated subset of {','.join(ZOO)}")
+    parser.add_argument("--models", help=f"zoo: comma-separated model names (`tosakit models`, torchvision:NAME, "
+                        f"timm:NAME, hf:ORG/NAME) or sets: {', '.join(MODEL_SETS)} (default zoo: {','.join(ZOO)}; "
+                        f"field: {','.join(FIELD)})")
     args = parser.parse_args(argv)
     unknown = [b for b in args.bench if b not in BENCHES]
     if unknown:

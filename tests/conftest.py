@@ -457,7 +457,7 @@ class ProgramCheck:
             layer, frontier = _layer_graph(gm, q)
             if not frontier:  # a quantized constant
                 continue
-            feed = [interpreter.env[n] for n in frontier]
+            feed = [interpreter.env[n] if n.op == "placeholder" else interpreter.env[n].contiguous() for n in frontier]
             feed = [x if not isinstance(x, torch.Tensor) or x.is_contiguous()  # ExecuTorch takes no other
                     or x.is_contiguous(memory_format=torch.channels_last) else x.contiguous() for x in feed]
             in_spec = pytree.tree_flatten((tuple(feed), {}))[1]
@@ -510,6 +510,7 @@ def roundings(gm) -> int:
 def _layer_graph(gm, q):
     """The ops that compute quantize node ``q`` from the nearest quantized tensors (or program inputs)
     before it, as a graph of its own whose inputs are those tensors."""
+    import torch
     import torch.fx
 
     from tosakit.quantize.qdq import is_quantize
@@ -526,9 +527,10 @@ def _layer_graph(gm, q):
             todo += n.all_input_nodes
     frontier.sort(key=list(gm.graph.nodes).index)
     graph, env = torch.fx.Graph(), {}
-    for n in frontier:
+    for n in frontier:  # a quantized tensor fed in is contiguous (its strides in the graph may be a view's)
         env[n] = graph.placeholder(n.name)
-        env[n].meta["val"] = n.meta["val"]
+        val = n.meta["val"]
+        env[n].meta["val"] = val if n.op == "placeholder" else torch.empty(val.shape, dtype=val.dtype)
     for n in gm.graph.nodes:
         if n in members:
             env[n] = graph.node_copy(n, lambda a: env[a])

@@ -38,6 +38,8 @@ CASES = {
     # functions of one input
     "exp": _case(torch.exp),
     "log": _case(torch.log, positive=True),
+    "sin": _case(lambda x: torch.sin(3 * x)),
+    "cos": _case(lambda x: torch.cos(3 * x)),
     "sqrt": _case(torch.sqrt, positive=True),
     "rsqrt": _case(torch.rsqrt, positive=True),
     "reciprocal": _case(torch.reciprocal, positive=True),
@@ -67,6 +69,9 @@ CASES = {
     "logical_and": _case(lambda x, y: torch.where((x > 0) & (y < 0.5), x, y), ((2, 8), (2, 8)), NOT_U55),
     "logical_or": _case(lambda x, y: torch.where(torch.logical_or(x > 1, y > 1), x, y), ((2, 8), (2, 8)), NOT_U55),
     "logical_not": _case(lambda x, y: torch.where(torch.logical_not(x <= y), x, y), ((2, 8), (2, 8)), NOT_U55),
+    "any_dim": _case(lambda x, y: torch.where((x > 1).any(dim=-1, keepdim=True), y, x), ((4, 8), (4, 8)), NOT_U55),
+    "all_dims": _case(lambda x, y: torch.where((x > -1.5).all(dim=(1, 2)), y, x), ((1, 4, 5, 5), (1, 4, 5, 5)),
+                      NOT_U55),
     "bitwise_on_masks": _case(lambda x, y: torch.where(~(x > 0) ^ (y > 0) | (x > y), x, y), ((2, 8), (2, 8)),
                               NOT_U55),
     # casts

@@ -93,9 +93,9 @@ class SelfAttention(nn.Module):
 class Recurrent(nn.Module):
     """An nn.LSTM / nn.GRU returning its output sequence and final hidden state."""
 
-    def __init__(self, cls, layers, batch_first):
+    def __init__(self, cls, layers, batch_first, bidirectional=False):
         super().__init__()
-        self.rnn = cls(16, 8, layers, batch_first=batch_first)
+        self.rnn = cls(16, 8, layers, batch_first=batch_first, bidirectional=bidirectional)
 
     def forward(self, x):
         out, state = self.rnn(x)
@@ -149,6 +149,8 @@ CASES = {
     "lstm_1layer_seq_first": (lambda: Recurrent(nn.LSTM, 1, False), [(4, 1, 16)], ALL),
     "gru_2layer_batch_first": (lambda: Recurrent(nn.GRU, 2, True), [(1, 4, 16)], ALL),
     "gru_1layer_seq_first": (lambda: Recurrent(nn.GRU, 1, False), [(4, 1, 16)], ALL),
+    "gru_bidirectional": (lambda: Recurrent(nn.GRU, 1, True, True), [(1, 3, 16)], ALL),
+    "lstm_bidirectional": (lambda: Recurrent(nn.LSTM, 1, False, True), [(3, 1, 16)], ALL),
 }
 
 

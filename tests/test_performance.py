@@ -262,3 +262,14 @@ def test_image_stem_runs_as_space_to_depth_u55_u85(target):
     convs = [o for o in delegate.report.per_op if o.tosa_op == "CONV2D"]
     assert len(convs) == 2 and convs[0].macs == 48 * 48 * 16 * 4 * 4 * 12, convs[0]
     assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
+def test_weight_streaming_hint_in_dedicated_sram_u85():
+    """Weights already cached (Dedicated_Sram) and still the bound: the hint does not suggest the mode in use."""
+    from tosakit.specs import EthosUCompileSpec
+
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024)).eval()
+    spec = EthosUCompileSpec("ethos-u85-256", system_config="Ethos_U85_SYS_DRAM_Mid", memory_mode="Dedicated_Sram_384KB")
+    [delegate] = compile(model, (torch.randn(1, 1024),), spec, quantize=True).edge.delegates
+    hint = delegate.report.memory_hint
+    assert hint and "read once per inference" in hint and "Dedicated_Sram caches" not in hint, hint

@@ -206,10 +206,13 @@ def _verify_inputs(opts: CompileOptions, example: tuple, given: bool) -> tuple[t
                                    f"save arg{i} as {kind(want)}")
         return chosen, f"the inputs in {opts.inputs_file}"
     if random:
-        chosen = tuple(random_inputs([(t.dtype, tuple(t.shape)) for t in example], seed=0))
-        if opts.channels_last:
-            import torch
+        import torch
 
+        # integers (token ids, lengths, positions) drawn from the example's own range: a model indexes with them
+        ranges = [None if t.dtype.is_floating_point or t.dtype == torch.bool or not t.numel()
+                  else (int(t.min()), int(t.max())) for t in example]
+        chosen = tuple(random_inputs([(t.dtype, tuple(t.shape)) for t in example], seed=0, ranges=ranges))
+        if opts.channels_last:
             chosen = tuple(t.to(memory_format=torch.channels_last) if t.dim() == 4 else t for t in chosen)
         why = "" if opts.random_inputs else ", not the calibration sample"
         return chosen, f"seeded random inputs (seed 0{why})"
@@ -479,9 +482,13 @@ def _cmd_accuracy(args) -> int:
 def _cmd_models(args) -> int:
     from .zoo import MODELS
 
+    from .zoo.field import HF_MODELS, SOURCES
+
     width = max(len(n) for n in MODELS)
     for m in MODELS.values():
         print(f"{m.name:<{width}}  {m.description}")
+    print(f"\nand the field's own definitions, random weights (the models extra): "
+          f"{', '.join(f'{s}:NAME' for s in SOURCES)}; hf: {', '.join(HF_MODELS)}")
     return 0
 
 

@@ -59,6 +59,50 @@ class CapturedProgram:
         return str(self.graph_module.graph)
 
 
+# A folded constant holds at most this many elements (index arithmetic and rotary tables, not a blown-up expand).
+FOLD_LIMIT = 1 << 16
+
+
+def _attr(gm: GraphModule, node: torch.fx.Node):
+    value = gm
+    for part in node.target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _foldable(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.namespace == "aten" and not node.target._schema.is_mutable
+            and not node.target.__name__.startswith(("rand", "normal", "bernoulli", "empty"))
+            and isinstance(val, torch.Tensor) and val.numel() <= FOLD_LIMIT
+            and all(n.op == "get_attr" for n in node.all_input_nodes))
+
+
+def fold_constants(gm: GraphModule) -> GraphModule:
+    """What the graph computes from its constants alone (positions from an arange, a rotary embedding's sin and cos
+    tables, masks) becomes a constant: computed once here, as PyTorch computes it."""
+    from torch.fx.node import map_arg
+
+    for node in list(gm.graph.nodes):
+        if not _foldable(node):
+            continue
+        value = node.target(*map_arg(node.args, lambda n: _attr(gm, n)), **map_arg(node.kwargs, lambda n: _attr(gm, n)))
+        name = f"_tosakit_folded_{node.name}"
+        while hasattr(gm, name):
+            name += "_"
+        gm.register_buffer(name, value.contiguous())
+        with gm.graph.inserting_before(node):
+            const = gm.graph.get_attr(name)
+        const.meta = {**node.meta, "val": value}
+        node.replace_all_uses_with(const)
+        gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> ExportedProgram:
     """``torch.export.export`` with a clear error when the model cannot be captured."""
     if not isinstance(example_inputs, tuple):

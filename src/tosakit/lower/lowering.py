@@ -484,7 +484,7 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False,
     ctx.current = None
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     used = {i.name for i in inputs}
-    outputs = [_mark_output(ctx, ctx.arg(a), used, storage_order(a.meta["val"])) for a in out_node.args[0]]
+    outputs = [_mark_output(ctx, ctx.arg(a), used, storage_order(a.meta["val"]), a) for a in out_node.args[0]]
     ops = list(ctx.g.ops)
     probed = []
     if probes:
@@ -494,12 +494,12 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False,
     return LoweredGraph(ctx.g.serialize(), inputs, outputs, ops, probed)
 
 
-def _mark_output(ctx: Lowering, v: Value, used: set[str], order: tuple[int, ...]) -> Value:
+def _mark_output(ctx: Lowering, v: Value, used: set[str], order: tuple[int, ...], node: Node | None = None) -> Value:
     """Make ``v``, stored in ``order``, a graph output; a constant, or a tensor already used as I/O, gets an
-    IDENTITY copy."""
+    IDENTITY copy (placed at ``node``, the graph node giving the output)."""
     v = ctx.to_order(v, order)
     if v.name in used or ctx.g.info[v.name].data is not None:
-        v = ctx.emit(Op.IDENTITY, [v], v.shape, v.dtype, like=v, q=v.q)
+        v = ctx.emit(Op.IDENTITY, [v], v.shape, v.dtype, like=v, q=v.q, node=node if isinstance(node, Node) else None)
     used.add(v.name)
     ctx.g.output(v.name)
     return v

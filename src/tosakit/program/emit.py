@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
 from ..errors import TosakitError, UnsupportedOpError
-from ..lower.tosa_graph import storage_order
+from ..lower.tosa_graph import NHWC, identity, storage_order
 from .kernels import runtime_kernels
 from .pte import constant_segment_bytes
 from .schema import (
@@ -104,6 +104,31 @@ def out_schema(target) -> torch._C.FunctionSchema:
                              "--quantize so the NPU can take it")
 
 
+def _is_view(target) -> bool:
+    """A view op, or the ``_copy`` kernel a view op runs as."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    name = target.overloadpacket.__name__
+    base = getattr(torch.ops.aten, name[:-len("_copy")], None) if name.endswith("_copy") else None
+    return target.is_view or (base is not None and any(getattr(base, o).is_view for o in base.overloads()))
+
+
+def dim_order(node: Node, orders: dict[Node, tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The dim order ExecuTorch's kernel writes ``node``'s output in, from its inputs' (``orders``): a view runs as a
+    ``_copy`` kernel writing its input's order (an order of another rank: contiguous); any other op is
+    channels-last only when an input is (the strides export recorded can be a view's: a permute of a contiguous
+    NCHW map looks channels-last). None when the output's own strides say it."""
+    inputs = [orders[a] for a in node.all_input_nodes if a in orders]
+    val = node.meta.get("val")
+    rank = val.dim() if isinstance(val, torch.Tensor) else None
+    if _is_view(node.target) and isinstance(node.args[0], Node) and node.args[0] in orders:
+        src = orders[node.args[0]]
+        return src if len(src) == rank else identity(rank)
+    if rank is not None and storage_order(val) == NHWC and NHWC not in inputs:
+        return identity(rank)
+    return None
+
+
 @dataclass
 class PlannedTensor:
     value: int
@@ -143,6 +168,7 @@ class Emitter:
         self.constants: list[bytes] = []
         self.planned: dict[int, PlannedTensor] = {}
         self.named: list[tuple[str, bytes]] = []
+        self.orders: dict[Node, tuple[int, ...]] = {}  # each tensor node's dim order (see ``dim_order``)
 
     # ------------------------------------------------------------ values
 
@@ -150,9 +176,9 @@ class Emitter:
         self.values.append(EValue(val))
         return len(self.values) - 1
 
-    def _tensor_value(self, t: torch.Tensor, planned: bool) -> int:
+    def _tensor_value(self, t: torch.Tensor, planned: bool, order: tuple[int, ...] | None = None) -> int:
         idx = self._add(Tensor(scalar_type=scalar_type_of(t.dtype), sizes=list(t.shape),
-                               dim_order=list(storage_order(t))))
+                               dim_order=list(order if order is not None else storage_order(t))))
         if planned:
             nbytes = max(t.numel() * t.element_size(), 1)
             self.planned[idx] = PlannedTensor(idx, nbytes, len(self.instructions), len(self.instructions))
@@ -227,7 +253,10 @@ class Emitter:
             default = a.default_value if a.has_default_value() else None
             args.append((a, bound.get(a.name, default)))
         arg_values = [self._arg(v, str(a.real_type), like) for a, v in args]
-        out_idx = [self._tensor_value(t, planned=True) for t in outs]
+        order = dim_order(node, self.orders) if len(outs) == 1 else None
+        out_idx = [self._tensor_value(t, planned=True, order=order) for t in outs]
+        if isinstance(outs[0], torch.Tensor) and len(outs) == 1:
+            self.orders[node] = order or storage_order(outs[0])
         single = len(out_idx) == 1 and not isinstance(val, (tuple, list))
         self.node_value[node] = out_idx[0] if single else tuple(out_idx)
         out_args, ret = self._out_args(node, schema, out_idx)
@@ -267,6 +296,7 @@ class Emitter:
         inputs, outputs = [], []
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
+                self.orders[node] = storage_order(node.meta["val"])
                 idx = self._tensor_value(node.meta["val"], planned=True)
                 self.node_value[node] = idx
                 inputs.append(idx)
@@ -278,6 +308,8 @@ class Emitter:
                 self._delegate_call(node)
             elif node.op == "call_function" and node.target is operator.getitem:
                 self.node_value[node] = self.node_value[node.args[0]][node.args[1]]
+                if isinstance(node.meta.get("val"), torch.Tensor):  # a delegate's output, as it declares it
+                    self.orders[node] = storage_order(node.meta["val"])
             elif node.op == "call_function":
                 self._kernel_call(node)
             elif node.op == "output":

@@ -21,6 +21,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
+from ..capture import fold_constants
 from ..errors import TosakitError
 from ..specs import ArmCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec, require_spec
 from .config import QuantizationConfig
@@ -186,7 +187,7 @@ COMPARISONS = [getattr(op, overload) for op in (aten.eq, aten.ne, aten.gt, aten.
 
 
 @annotates(
-    aten.log.default, aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default, aten.erf.default,
+    aten.log.default, aten.sin.default, aten.cos.default, aten.sqrt.default, aten.rsqrt.default, aten.reciprocal.default, aten.erf.default,
     aten.pow.Tensor_Scalar, aten.abs.default, aten.neg.default, aten.leaky_relu.default, aten.leaky_relu_.default,
     aten.elu.default, aten.elu_.default, aten.selu.default, aten.silu_.default, aten.hardswish_.default,
     aten.hardsigmoid_.default, aten.maximum.default, aten.minimum.default, aten.where.self, *COMPARISONS,
@@ -278,6 +279,47 @@ ELEMENTWISE_REWRITES = {
     aten.div.Scalar: _div_as_mul,
     aten.rsub.Scalar: _rsub_as_sub,
 }
+
+
+def _functional(model: GraphModule) -> GraphModule:
+    """In-place ops (``masked_fill_`` on the ``zeros_like`` attention builds its mask from) as their functional form,
+    later readers of the tensor they wrote reading the result: a tensor made in the graph, then folded to a
+    constant, is not a buffer the program updates."""
+    order = {node: i for i, node in enumerate(model.graph.nodes)}
+    for node in list(model.graph.nodes):
+        packet = getattr(node.target, "overloadpacket", None) if node.op == "call_function" else None
+        name = getattr(packet, "__name__", "")
+        functional = getattr(getattr(aten, name[:-1], None), node.target._overloadname, None) if name.endswith("_") \
+            and not name.startswith("_") else None
+        if functional is None or not node.args or not isinstance(node.args[0], Node):
+            continue
+        written = node.args[0]
+        node.target = functional
+        for user in list(written.users):
+            if order[user] > order[node]:
+                user.replace_input_with(written, node)
+    model.graph.lint()
+    model.recompile()
+    return model
+
+
+_CASTS = {aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default}
+
+
+def _drop_same_dtype_casts(model: GraphModule) -> GraphModule:
+    """Casts to the dtype a tensor already has (RMSNorm's ``.to(float32)`` of a float32 tensor) are the tensor:
+    left in, each would requantize a value that does not change."""
+    for node in list(model.graph.nodes):
+        if node.op != "call_function" or node.target not in _CASTS or not isinstance(node.args[0], Node):
+            continue
+        src, out = node.args[0].meta.get("val"), node.meta.get("val")
+        if (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dtype == out.dtype
+                and node.kwargs.get("memory_format") in (None, torch.preserve_format)):
+            node.replace_all_uses_with(node.args[0])
+            model.graph.erase_node(node)
+    model.graph.lint()
+    model.recompile()
+    return model
 
 
 def _elementwise_for_annotation(model: GraphModule) -> GraphModule:
@@ -528,36 +570,82 @@ def _decompose_batch_norm(f: _Builder, node: Node) -> Node | None:
     return f(aten.add.Tensor, y, f.constant("shift", shift.float().reshape(shape)))
 
 
+# Views torch's attention puts between the mask it builds and the attention that reads it.
+_MASK_VIEWS = {aten.view.default, aten.reshape.default, aten.expand.default, aten.unsqueeze.default,
+               aten._unsafe_view.default}
+
+
+def _masked_positions(f: _Builder, mask: Node) -> Node | None:
+    """Where an attention mask leaves a score out, as a bool tensor of the mask's shape: not a boolean mask; or the
+    -inf of the additive mask torch builds from a boolean one (``masked_fill`` of zeros), through its views. None
+    for any other additive mask."""
+    if mask.meta["val"].dtype == torch.bool:
+        return f(aten.logical_not.default, mask)
+    if mask.op == "get_attr":  # a mask known at export (causal), folded: 0 where kept, -inf where left out
+        value = _param(f.model, mask)
+        return f.constant("masked", value == float("-inf")) if bool(((value == 0) | value.isneginf()).all()) else None
+    views = []
+    while mask.op == "call_function" and mask.target in _MASK_VIEWS:
+        views.append(mask)
+        mask = mask.args[0]
+    zeros = mask.args[0] if mask.op == "call_function" and mask.target == aten.masked_fill.Scalar else None
+    if zeros is None or mask.args[2] != float("-inf") or getattr(zeros, "target", None) not in (
+            aten.zeros_like.default, aten.zeros.default):
+        return None
+    masked = mask.args[1]
+    for view in reversed(views):
+        masked = f(view.target, masked, *view.args[1:])
+    return masked
+
+
 def _decompose_sdpa(f: _Builder, node: Node) -> Node | None:
-    """softmax(q @ k^T * scale) @ v without mask, dropout or causal masking."""
+    """softmax(q @ k^T * scale) @ v, without dropout or causal masking; a mask's left-out scores weigh 0 (their
+    exp set to 0 before the sum: no -inf to quantize)."""
     q, k, v = node.args[:3]
     opts = {**dict(zip(("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"), node.args[3:])), **node.kwargs}
-    if opts.get("attn_mask") is not None or opts.get("dropout_p") or opts.get("is_causal") or opts.get("enable_gqa"):
+    if opts.get("dropout_p") or opts.get("is_causal") or opts.get("enable_gqa"):
+        return None
+    masked = opts.get("attn_mask")
+    if masked is not None and (masked := _masked_positions(f, masked)) is None:
         return None
     scale = opts.get("scale")
     scale = scale if scale is not None else q.meta["val"].shape[-1] ** -0.5
     scores = f(aten.mul.Tensor, f(aten.matmul.default, q, f(aten.transpose.int, k, -2, -1)), float(scale))
-    return f(aten.matmul.default, _softmax(f, scores, -1), v)
+    if masked is None:
+        return f(aten.matmul.default, _softmax(f, scores, -1), v)
+    _, e, _ = _softmax_parts(f, scores, -1)
+    e = f(aten.where.ScalarSelf, masked, 0.0, e)
+    weights = f(aten.mul.Tensor, e, f(aten.reciprocal.default, f(aten.sum.dim_IntList, e, [-1], True)))
+    return f(aten.matmul.default, weights, v)
 
 
-def _initial_state(f: _Builder, state: Node, layer: int) -> Node | None:
-    """Layer ``layer``'s initial state, or None when it is zeros (its terms then drop out)."""
-    if state.target in (aten.zeros.default, aten.zeros_like.default):
+def _decompose_glu(f: _Builder, node: Node) -> Node:
+    """GLU: the first half of x along ``dim`` times the sigmoid of the second."""
+    x, dim = node.args[0], (node.args[1] if len(node.args) > 1 else -1)
+    half = x.meta["val"].shape[dim] // 2
+    gate = f(aten.sigmoid.default, f(aten.slice.Tensor, x, dim, half, 2 * half))
+    return f(aten.mul.Tensor, f(aten.slice.Tensor, x, dim, 0, half), gate)
+
+
+def _initial_state(f: _Builder, state: Node, slot: int) -> Node | None:
+    """The initial state of one layer and direction, or None when it is zeros (its terms then drop out)."""
+    if state.target in (aten.zeros.default, aten.zeros_like.default) or (
+            state.op == "get_attr" and not _param(f.model, state).any()):
         return None
-    return f(aten.select.int, state, 0, layer)
+    return f(aten.select.int, state, 0, slot)
 
 
 class _Gates:
     """One recurrent layer's weights, split per gate: W_ih x + b for all steps, W_hh h per step."""
 
-    def __init__(self, f: _Builder, params: list[Node], layer: int, count: int, biases: bool):
+    def __init__(self, f: _Builder, params: list[Node], slot: int, count: int, biases: bool):
         per = 4 if biases else 2
-        w_ih, w_hh = (_param(f.model, p) for p in params[per * layer: per * layer + 2])
-        b_ih, b_hh = ((_param(f.model, p) for p in params[per * layer + 2: per * layer + 4]) if biases
+        w_ih, w_hh = (_param(f.model, p) for p in params[per * slot: per * slot + 2])
+        b_ih, b_hh = ((_param(f.model, p) for p in params[per * slot + 2: per * slot + 4]) if biases
                       else (torch.zeros(w_ih.shape[0]), torch.zeros(w_ih.shape[0])))
         self.f, self.size = f, w_hh.shape[1]
         rows = [slice(k * self.size, (k + 1) * self.size) for k in range(count)]
-        name = f"l{layer}"
+        name = f"l{slot}"
         self.w_ih = [f.constant(f"{name}_w_ih{k}", w_ih[r]) for k, r in enumerate(rows)]
         self.w_hh = [f.constant(f"{name}_w_hh{k}", w_hh[r]) for k, r in enumerate(rows)]
         self.b_ih = [b_ih[r] for r in rows]
@@ -597,28 +685,33 @@ def _gru_step(f: _Builder, xs: list[Node], g: _Gates, h: Node | None) -> Node:
 
 
 def _decompose_rnn(f: _Builder, node: Node) -> tuple[Node, ...] | None:
-    """nn.LSTM / nn.GRU (unidirectional, inference) unrolled over time: per-gate linears, sigmoid/tanh,
-    products and sums, every one its own op with its own quantization."""
+    """nn.LSTM / nn.GRU (inference; one or two directions) unrolled over time: per-gate linears, sigmoid/tanh,
+    products and sums, every one its own op with its own quantization. A bidirectional layer runs a second set of
+    weights from the last step back and concatenates its outputs after the forward ones."""
     x, hx, params, biases, layers, _, train, bidirectional, batch_first = node.args
-    if train or bidirectional:
+    if train:
         return None
     lstm = node.target == aten.lstm.input
-    count, time_dim = (4 if lstm else 3), (1 if batch_first else 0)
+    count, time_dim, directions = (4 if lstm else 3), (1 if batch_first else 0), (2 if bidirectional else 1)
     steps = x.meta["val"].shape[time_dim]
     seq, finals = x, ([], [])
     for layer in range(layers):
-        g = _Gates(f, params, layer, count, biases)
-        projected = [g.inputs(seq, k, with_hidden_bias=lstm or k < 2) for k in range(count)]
-        h = _initial_state(f, hx[0] if lstm else hx, layer)
-        c = _initial_state(f, hx[1], layer) if lstm else None
-        outs = []
-        for t in range(steps):
-            xs = [f(aten.select.int, p, time_dim, t) for p in projected]
-            h, c = _lstm_step(f, xs, g, h, c) if lstm else (_gru_step(f, xs, g, h), None)
-            outs.append(h)
-        seq = f(aten.stack.default, outs, time_dim)
-        finals[0].append(h)
-        finals[1].append(c)
+        outputs = []
+        for direction in range(directions):
+            slot = layer * directions + direction  # PyTorch's order of weights and states
+            g = _Gates(f, params, slot, count, biases)
+            projected = [g.inputs(seq, k, with_hidden_bias=lstm or k < 2) for k in range(count)]
+            h = _initial_state(f, hx[0] if lstm else hx, slot)
+            c = _initial_state(f, hx[1], slot) if lstm else None
+            outs = [None] * steps
+            for t in (reversed(range(steps)) if direction else range(steps)):
+                xs = [f(aten.select.int, p, time_dim, t) for p in projected]
+                h, c = _lstm_step(f, xs, g, h, c) if lstm else (_gru_step(f, xs, g, h), None)
+                outs[t] = h
+            outputs.append(f(aten.stack.default, outs, time_dim))
+            finals[0].append(h)
+            finals[1].append(c)
+        seq = outputs[0] if directions == 1 else f(aten.cat.default, outputs, -1)
     states = [f(aten.stack.default, finals[0], 0)] + ([f(aten.stack.default, finals[1], 0)] if lstm else [])
     return (seq, *states)
 
@@ -631,6 +724,7 @@ DECOMPOSE_FOR_ANNOTATION = {
     aten.group_norm.default: _decompose_group_norm,
     aten.batch_norm.default: _decompose_batch_norm,
     aten.scaled_dot_product_attention.default: _decompose_sdpa,
+    aten.glu.default: _decompose_glu,
     aten.lstm.input: _decompose_rnn,
     aten.gru.input: _decompose_rnn,
 }
@@ -746,8 +840,8 @@ class TOSAQuantizer(Quantizer):
         return self
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
-        """Prepare the graph for annotation: scalar operands become tensors."""
-        model = _decompose_var(model)
+        """Prepare the graph for annotation: constants folded, in-place ops functional, scalar operands tensors."""
+        model = _decompose_var(_drop_same_dtype_casts(fold_constants(_functional(model))))
         return _scalar_to_tensor(_elementwise_for_annotation(_layers_for_annotation(model, self.config_for)))
 
     def config_for(self, node: Node) -> QuantizationConfig | None:

@@ -31,11 +31,13 @@ def read_inputs(path: str | Path, count: int | None = None) -> list[torch.Tensor
     return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
 
 
-def random_inputs(specs: list[tuple[torch.dtype, tuple[int, ...]]], seed: int = 0) -> list[torch.Tensor]:
-    """Seeded random tensors: normal for floats, the full range for 8/16-bit integers, small otherwise."""
+def random_inputs(specs: list[tuple[torch.dtype, tuple[int, ...]]], seed: int = 0,
+                  ranges: list[tuple[int, int] | None] | None = None) -> list[torch.Tensor]:
+    """Seeded random tensors: normal for floats; integers in ``ranges[i]`` (inclusive) when given, else the full
+    range for 8/16-bit integers and -100..100 for wider ones."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for dtype, shape in specs:
+    for i, (dtype, shape) in enumerate(specs):
         if dtype.is_floating_point:
             out.append(torch.randn(shape, generator=g).to(dtype))
         elif dtype == torch.bool:
@@ -43,6 +45,7 @@ def random_inputs(specs: list[tuple[torch.dtype, tuple[int, ...]]], seed: int = 
         else:
             info = torch.iinfo(dtype)
             lo, hi = (info.min, info.max) if info.bits <= 16 else (-100, 100)
+            lo, hi = ranges[i] if ranges and ranges[i] is not None else (lo, hi)
             out.append(torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int64).to(dtype))
     return out
 

@@ -94,6 +94,8 @@ class ExactInterpreter(Interpreter):
             return qparams_of(n, self.module).quantize(x)
         if is_dequantize(n):
             return qparams_of(n, self.module).dequantize(args[0], torch.float64)
+        if target == torch.ops.aten._assert_tensor_metadata.default:
+            return None  # it asserts float32 of what runs here in float64
         args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         return super().call_function(target, args, kwargs)
 

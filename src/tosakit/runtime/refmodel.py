@@ -24,11 +24,54 @@ from ..native import cap_address_space, captured_output, read_exact
 _LENGTH = struct.Struct("<Q")
 
 
+# Operators that pass an index tensor on unchanged in value (a GATHER's indices traced back through them).
+_INDEX_VIEWS = ("RESHAPE", "IDENTITY", "TRANSPOSE")
+
+
+def index_bounds(tosa: bytes) -> dict[int, int]:
+    """The main block's inputs that a GATHER reads as indices (directly or through reshapes), by position: the
+    number of rows it gathers from (an index must lie in 0..rows-1)."""
+    from tosa.Op import Op
+    from tosa.TosaGraph import TosaGraph
+
+    names = {value: name for name, value in vars(Op).items() if not name.startswith("_")}
+    block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
+    shapes = {block.Tensors(i).Name().decode(): block.Tensors(i).ShapeAsNumpy() for i in range(block.TensorsLength())}
+    made_by = {}
+    for i in range(block.OperatorsLength()):
+        op = block.Operators(i)
+        for j in range(op.OutputsLength()):
+            made_by[op.Outputs(j).decode()] = (names.get(op.Op()), [op.Inputs(k).decode() for k in range(op.InputsLength())])
+    position = {block.Inputs(i).decode(): i for i in range(block.InputsLength())}
+    bounds: dict[int, int] = {}
+    for kind, operands in made_by.values():
+        if kind != "GATHER" or len(operands) < 2:
+            continue
+        source = operands[1]
+        while source in made_by and made_by[source][0] in _INDEX_VIEWS:
+            source = made_by[source][1][0]
+        rows = shapes.get(operands[0])
+        if source in position and rows is not None and len(rows) == 3:
+            bounds[position[source]] = min(int(rows[1]), bounds.get(position[source], int(rows[1])))
+    return bounds
+
+
+def _check_indices(tosa: bytes, inputs: list[np.ndarray]) -> None:
+    """Index inputs inside the rows they gather from (the reference model ends its process on one outside)."""
+    for k, rows in index_bounds(tosa).items():
+        if k < len(inputs) and inputs[k].size and not (0 <= inputs[k].min() and inputs[k].max() < rows):
+            bad = inputs[k][(inputs[k] < 0) | (inputs[k] >= rows)].flat[0]
+            raise TosakitError(f"input {k} holds index {bad}, outside 0..{rows - 1}, the rows the graph gathers "
+                               "from (a token id past the vocabulary, a negative position)",
+                               f"give input {k} values in 0..{rows - 1}")
+
+
 def run_tosa(tosa: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run a TOSA flatbuffer on ``tosa_reference_model`` in this process; the outputs in graph order."""
     import tosa_reference_model as trm
 
     inputs = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
+    _check_indices(tosa, inputs)
     with captured_output((1, 2)) as printed:
         try:
             outputs, status = trm.run(tosa, inputs)
@@ -65,8 +108,8 @@ class IsolatedReferenceModel:
         """``tosa`` on the reference model."""
         reply = self._call({"tosa": np.frombuffer(tosa, dtype=np.uint8)}, inputs, what, "the TOSA reference model")
         if "error" in reply:
-            raise TosakitError(f"{what}: {reply['error'].item()}", "the delegate's TOSA does not fit its inputs: "
-                               "re-export the program")
+            raise TosakitError(f"{what}: {reply['error'].item()}", reply["hint"].item() or "the delegate's TOSA does "
+                               "not fit its inputs: re-export the program")
         return [reply[f"out{k}"] for k in range(len(reply))]
 
     def simulate(self, payload: bytes, inputs: list[np.ndarray], what: str) -> list[np.ndarray]:

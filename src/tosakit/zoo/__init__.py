@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 
 from ..errors import TosakitError, did_you_mean, first_line
-from . import audio, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, trained, transformer, tutorial
+from . import (audio, field, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, speech, tiny, trained,
+               transformer, tutorial)
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,21 @@ MODELS: dict[str, ZooModel] = {
         ZooModel("resnet18", resnet.build, "ResNet-18 (224x224): residual blocks, max pool"),
         ZooModel("transformer", transformer.build, "2-layer transformer encoder (32 tokens x 64): layer norm, "
                  "attention, GELU"),
-        ZooModel("lstm", recurrent.build, "LSTM keyword spotter (49 frames x 40 features, 64 hidden)"),
+        ZooModel("lstm", recurrent.build, "LSTM keyword spotter (16 frames x 40 features, 64 hidden)"),
+        ZooModel("crnn", recurrent.crnn, "CRNN text-line recognizer (16x32): convolutions, bidirectional GRU, "
+                 "log-softmax"),
         ZooModel("unet", segmentation.build, "small U-Net segmentation (64x64): upsample, skip concatenation"),
         ZooModel("audio1d", audio.build, "1-D conv keyword spotter (40 MFCC x 98 frames): depthwise conv1d"),
+        ZooModel("ds_cnn", tiny.ds_cnn, "MLPerf Tiny DS-CNN keyword spotter (49x10 MFCC): depthwise-separable"),
+        ZooModel("resnet8", tiny.resnet8, "MLPerf Tiny ResNet-8 (CIFAR-10, 32x32): three residual stacks"),
+        ZooModel("mobilenet_v1_025", tiny.mobilenet_v1_025, "MLPerf Tiny MobileNetV1 0.25 (visual wake words, "
+                 "96x96)"),
+        ZooModel("deep_autoencoder", tiny.deep_autoencoder, "MLPerf Tiny Deep AutoEncoder (640 features): dense, "
+                 "batch norm"),
+        ZooModel("wav2letter", speech.wav2letter, "Wav2Letter (torchaudio's layout) on a 128-sample power spectrum: "
+                 "1-D convolutions, log-softmax"),
+        ZooModel("conformer", speech.conformer, "2-layer Conformer encoder (torchaudio's layout), 2 sequences of up "
+                 "to 24 frames with their lengths"),
         ZooModel("digits", trained.digits, "small CNN trained (in seconds) on scikit-learn's 8x8 digits",
                  trained.digits_data),
         ZooModel("waves", trained.waves, "1-D conv net trained on synthetic noisy waveforms (5 classes)",
@@ -51,13 +64,20 @@ MODELS: dict[str, ZooModel] = {
 
 
 def load_model(spec: str, input_shapes: list[tuple[int, ...]] | None = None) -> tuple[str, torch.nn.Module, tuple]:
-    """``mv2`` or ``path/file.py:Name`` -> (name, eval-mode module, example inputs)."""
+    """``mv2``, ``torchvision:mobilenet_v3_small`` (``field.SOURCES``) or ``path/file.py:Name`` -> (name, eval-mode
+    module, example inputs)."""
     if spec in MODELS:
         module, inputs = MODELS[spec].factory()
         return spec, module.eval(), inputs
+    if spec.partition(":")[0] in field.SOURCES:
+        module, inputs = field.load_field_model(spec)
+        if input_shapes:
+            inputs = tuple(torch.randn(*s) for s in _checked_shapes(input_shapes))
+        return spec.partition(":")[2].rsplit("/", 1)[-1], module, inputs
     if ":" not in spec and not spec.endswith(".py"):
         raise TosakitError(f"unknown model {spec!r}",
-                           f"{did_you_mean(spec, MODELS)}; or give a file: path/to/model.py:ClassOrFactory")
+                           f"{did_you_mean(spec, MODELS)}; or a field model: {', '.join(f'{s}:NAME' for s in field.SOURCES)}"
+                           "; or give a file: path/to/model.py:ClassOrFactory")
     path, _, attr = spec.partition(":")
     return _load_from_file(Path(path), attr, input_shapes)
 

@@ -257,6 +257,7 @@ U55_U65 = TargetLimits(
         "REDUCE_MIN": (dtypes(DType.INT8, DType.INT16),),
         "CONCAT": (_I8_16_32,),
         "RESHAPE": (_I8_16_32,),
+        "IDENTITY": (_I8_16_32,),
         "SLICE": (_I8_16_32,),
         "TILE": (_I8_16_32,),
         "PAD": (_I8_16_32,),

@@ -117,9 +117,12 @@ class VelaReport:
         if not slow:
             return None
         memory, share = next(iter(slow.items()))
-        return (f"{100 * share:.0f}% of the cycles wait on {memory} (weights streaming in): memory mode Sram_Only "
-                f"keeps the {self.weights_encoded_bytes / 1024:.0f} KiB of encoded weights in SRAM if the system "
-                "has room; on U65/U85, Dedicated_Sram caches them")
+        waiting = f"{100 * share:.0f}% of the cycles wait on {memory} (weights streaming in)"
+        weights = f"{self.weights_encoded_bytes / 1024:.0f} KiB of encoded weights"
+        if self.memory_mode.startswith("Dedicated_Sram"):  # already cached: each weight is read once anyway
+            return f"{waiting}: the {weights} are read once per inference; only fewer weight bytes go faster"
+        return (f"{waiting}: memory mode Sram_Only keeps the {weights} in SRAM if the system has room; on U65/U85, "
+                "Dedicated_Sram caches them")
 
 
 @dataclass

@@ -239,6 +239,8 @@ for _target, _op in {
     aten.reciprocal.default: Op.RECIPROCAL,
     aten.erf.default: Op.ERF,
     aten.abs.default: Op.ABS,
+    aten.sin.default: Op.SIN,  # rotary position embeddings computed from the position at run time
+    aten.cos.default: Op.COS,
 }.items():
     lowers(_target)(unary(_op))
 

@@ -1,4 +1,5 @@
-"""Reductions: REDUCE_SUM (int32 in INT), REDUCE_MAX / REDUCE_MIN (on the integers), ARGMAX (int32), variance.
+"""Reductions: REDUCE_SUM (int32 in INT), REDUCE_MAX / REDUCE_MIN (on the integers), REDUCE_ANY / REDUCE_ALL (bool),
+ARGMAX (int32), variance.
 
 Reduced dims stay in the value's layout as size-1 dims; ``keepdim=False`` then drops them in place.
 """
@@ -21,6 +22,8 @@ REDUCE_ATTR = {
     Op.REDUCE_SUM: ("ReduceSumAttribute",),
     Op.REDUCE_MAX: ("ReduceMaxAttribute", NAN_PROPAGATE),
     Op.REDUCE_MIN: ("ReduceMinAttribute", NAN_PROPAGATE),
+    Op.REDUCE_ANY: ("ReduceAnyAttribute",),
+    Op.REDUCE_ALL: ("ReduceAllAttribute",),
 }
 U55_ARGMAX_CHANNELS = 127  # Vela: an Ethos-U55/U65 ARGMAX runs over at most 127 channels
 U55_ARGMAX_POSITIONS = 65536  # ... at up to 65536 positions (W*H)
@@ -84,7 +87,8 @@ def sum_(ctx: Lowering, node: Node) -> Value:
 
 
 def extreme(op):
-    """amax / amin / max / min over dims: REDUCE_MAX or REDUCE_MIN, integers keep their quantization."""
+    """amax / amin / max / min over dims (REDUCE_MAX or REDUCE_MIN, integers keep their quantization); any / all
+    (REDUCE_ANY, REDUCE_ALL)."""
 
     def rule(ctx: Lowering, node: Node) -> Value:
         dims = reduce_dims(node)
@@ -96,6 +100,16 @@ def extreme(op):
 lowers(aten.amax.default, aten.max.default, check=rank_check)(extreme(Op.REDUCE_MAX))
 lowers(aten.amin.default, aten.min.default, check=rank_check)(extreme(Op.REDUCE_MIN))
 lowers(aten.mean.default, check=rank_check)(pool.mean)  # mean.dim's rule, over every dim
+
+
+def _bool_check(node: Node, spec) -> str | None:
+    dtype = node.args[0].meta["val"].dtype
+    return None if dtype == torch.bool else f"{node.target} of {dtype} tensors: compare them with 0 first"
+
+
+# any/all of bool tensors (the guard attention adds for fully masked rows): not in the Ethos-U55/U65 subset
+lowers(aten.any.dim, aten.any.dims, u55=False, check=checks(_bool_check))(extreme(Op.REDUCE_ANY))
+lowers(aten.all.dim, aten.all.dims, u55=False, check=checks(_bool_check))(extreme(Op.REDUCE_ALL))
 
 
 # ------------------------------------------------------------------ arg-max

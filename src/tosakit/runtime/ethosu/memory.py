@@ -3,7 +3,8 @@ every access checked against its region and every read of a byte nothing wrote r
 
 Region indices are the base-pointer slots the firmware fills: 0 the constant data (``weight_data``, read
 only: flash on a device), 1 the scratch arena (the delegate's inputs and outputs live inside it), 2 the fast
-scratch (the SRAM cache of the Dedicated_Sram memory mode)."""
+scratch (the SRAM cache of the Dedicated_Sram memory mode). A payload does not state the fast scratch's size (the
+platform lends it), so that region grows to what the stream addresses, within a memory limit, and reports it."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class Region:
     data: np.ndarray  # uint8
     written: np.ndarray  # bool, one per byte
     writable: bool = True
+    limit: int = 0  # a growing region's largest size (0: a fixed region)
+    used: int = 0  # a growing region: the end of the highest span a command addressed
 
     @classmethod
     def of(cls, index: int, size: int, content: bytes | None = None, writable: bool = True) -> "Region":
@@ -38,6 +41,27 @@ class Region:
             data[: len(content)] = np.frombuffer(content, np.uint8)
             written[: len(content)] = True
         return cls(index, data, written, writable)
+
+    @classmethod
+    def growing(cls, index: int, limit: int) -> "Region":
+        """A region the platform sizes to what the stream addresses, up to ``limit`` bytes."""
+        return cls(index, np.zeros(0, np.uint8), np.zeros(0, bool), True, limit)
+
+    def reach(self, hi: int) -> bool:
+        """Whether bytes up to ``hi`` lie in the region (a growing one grows to hold them, within its limit)."""
+        if hi <= self.data.size or not self.limit:
+            return hi <= self.data.size
+        if hi > self.limit:
+            return False
+        self.used = max(self.used, hi)
+        size = min(self.limit, max(hi, 2 * self.data.size))  # doubling: a stream of growing spans stays linear
+        self.data = np.concatenate([self.data, np.zeros(size - self.data.size, np.uint8)])
+        self.written = np.concatenate([self.written, np.zeros(size - self.written.size, bool)])
+        return True
+
+    @property
+    def capacity(self) -> int:
+        return max(self.data.size, self.limit)
 
     @property
     def name(self) -> str:
@@ -64,7 +88,13 @@ class Memory:
     def check_span(self, index: int, lo: int, hi: int, verb: str) -> None:
         """Bytes [lo, hi) of region ``index`` must lie inside it (checked before any address array is made)."""
         region = self.region(index)
-        if lo < 0 or hi > region.data.size:
+        if region.limit and lo >= 0 and hi <= region.data.size:
+            region.used = max(region.used, hi)
+        if region.limit and lo >= 0 and hi > region.limit:
+            raise NpuAccessError(
+                f"{self.where} {verb} bytes [{lo:#x}, {hi:#x}) of {region.name}, more than the {region.limit}-byte "
+                "memory limit leaves for it", "raise the limit (tosakit run --max-memory) if you trust the file")
+        if lo < 0 or not region.reach(hi):
             raise NpuAccessError(
                 f"{self.where} {verb} bytes [{lo:#x}, {hi:#x}) of {region.name}, which holds {region.data.size:#x} bytes",
                 "on a device this command would touch memory outside what Vela planned for the delegate: do not "
@@ -75,7 +105,7 @@ class Memory:
         ``index`` is refused before its address grid is made, when that grid would be large (a smaller one is
         made and checked address by address, which names the bytes)."""
         region, count = self.region(index), int(np.prod(shape, dtype=object))
-        if count > GRID_CHECKED and count * elem > region.data.size:
+        if count > GRID_CHECKED and count * elem > region.capacity:
             raise NpuAccessError(
                 f"{self.where} {verb} a {'x'.join(map(str, shape))} feature map ({count * elem:#x} bytes), more than "
                 f"{region.name} holds ({region.data.size:#x} bytes)",

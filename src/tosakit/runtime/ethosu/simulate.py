@@ -17,8 +17,6 @@ from .codec import CODEC
 from .npu import Npu, weight_streams
 from .registers import register_map
 
-# The fast scratch (region 2) is SRAM the platform lends the delegate; a payload does not state its size.
-FAST_SCRATCH_BYTES = 2 << 20
 
 
 @dataclass
@@ -27,6 +25,7 @@ class Simulation:
 
     outputs: list[np.ndarray]
     operations: list[tuple[int, str]] = field(default_factory=list)
+    fast_scratch_bytes: int = 0  # the fast scratch the stream addressed: what the platform must lend it
 
 
 @functools.cache
@@ -46,8 +45,13 @@ def _io_bytes(t) -> int:
     return int(np.prod(t.shape)) * t.elem_size
 
 
+# The fast scratch (region 2) is SRAM the platform lends the delegate; a payload does not state its size. The
+# simulator counts this much of it up front, and lends more, within the memory limit, to a stream that addresses more.
+FAST_SCRATCH_BYTES = 2 << 20
+
+
 def memory_needed(payload: EthosUPayload) -> int:
-    """Bytes the simulator's regions take for ``payload`` (each byte with its written flag)."""
+    """Bytes the simulator's regions take for ``payload`` at the least (each byte with its written flag)."""
     return 2 * (payload.scratch_size + len(payload.weight_data) + FAST_SCRATCH_BYTES)
 
 
@@ -68,7 +72,8 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
         raise TosakitError(f"the Ethos-U delegate takes {len(payload.inputs)} input(s), {len(inputs)} given",
                            "pass one array per delegate input")
     memory = Memory([Region.of(0, len(payload.weight_data), payload.weight_data, writable=False),
-                     Region.of(1, payload.scratch_size), Region.of(2, FAST_SCRATCH_BYTES)])
+                     Region.of(1, payload.scratch_size),
+                     Region.growing(2, (max_memory - memory_needed(payload)) // 2 + FAST_SCRATCH_BYTES)])
     for i, (t, x) in enumerate(zip(payload.inputs, inputs)):
         data = np.ascontiguousarray(x).astype(f"<i{t.elem_size}", copy=False).tobytes()
         if len(data) != _io_bytes(t):
@@ -88,4 +93,4 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
         memory.where = f"output {i}"
         raw = np.frombuffer(memory.read_bytes(t.region, t.offset, _io_bytes(t)), np.uint8)
         outputs.append(raw.view(f"<i{t.elem_size}").reshape(t.shape))
-    return Simulation(outputs, npu.executed)
+    return Simulation(outputs, npu.executed, memory.region(2).used)

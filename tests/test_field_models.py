@@ -1,0 +1,127 @@
+"""The field's own model definitions by name (``torchvision:``, ``timm:``, ``hf:``): imported beside torch's CPU
+wheel, built with seeded random weights, compiled and delegated like the zoo's."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from tosakit.capture import export
+from tosakit.errors import TosakitError
+from tosakit.flow import partitioner_for, quantize_model
+from tosakit.program import to_edge_transform_and_lower
+from tosakit.specs import compile_spec_for_target
+from tosakit.zoo import field, load_model
+
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(p) for p in ("torchvision", "timm", "transformers")),
+                                reason="the models extra is not installed (make test installs it)")
+
+
+def test_torchvision_imports_beside_the_cpu_wheel():
+    """torchvision's compiled operators are absent beside torch's CPU wheel; its models still import and run."""
+    tv = field.import_torchvision()
+    compiled = hasattr(torch.ops.torchvision, "nms") and torch.ops.torchvision.nms.default is not None
+    if not compiled:
+        assert all(sys.modules[name].__doc__.startswith("left out") for name in field._TORCHVISION_REGISTRATIONS)
+    model = tv.models.mobilenet_v3_small(weights=None).eval()
+    assert model(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+
+
+def test_field_models_load_by_name():
+    name, model, inputs = load_model("torchvision:mobilenet_v3_small")
+    assert name == "mobilenet_v3_small" and not model.training and inputs[0].shape == (1, 3, 224, 224)
+    first = next(model.parameters()).detach().clone()
+    assert torch.equal(next(load_model("torchvision:mobilenet_v3_small")[1].parameters()), first)  # seeded
+    name, model, inputs = load_model("timm:deit_tiny_patch16_224")
+    assert name == "deit_tiny_patch16_224" and model(*inputs).shape == (1, 1000)
+    assert load_model("torchvision:inception_v3")[2][0].shape == (1, 3, 299, 299)
+
+
+def test_hf_decoder_builds_from_its_published_config():
+    """SmolLM2-135M's architecture with random weights, no download: its logits for a 32-token prompt."""
+    name, model, (tokens,) = load_model("hf:HuggingFaceTB/SmolLM2-135M")
+    config = model.model.config
+    assert name == "SmolLM2-135M" and (config.num_hidden_layers, config.hidden_size, config.num_key_value_heads) \
+        == (30, 576, 3)
+    assert 134e6 < sum(p.numel() for p in model.parameters()) < 136e6
+    assert tokens.shape == (1, 32) and model(tokens).shape == (1, 32, 49152)
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("torchvision:mobilenet_v3_smal", "mobilenet_v3_small"),
+    ("timm:deit_tiny_patch16", "deit_tiny_patch16_224"),
+    ("hf:HuggingFaceTB/SmolLM2-136M", "HuggingFaceTB/SmolLM2-135M"),
+])
+def test_unknown_field_model_names_the_nearest(spec, named):
+    with pytest.raises(TosakitError) as err:
+        load_model(spec)
+    assert named in str(err.value.hint)
+
+
+def test_unknown_zoo_name_lists_the_field_sources():
+    with pytest.raises(TosakitError) as err:
+        load_model("mobilenet_v3_smal")
+    assert "torchvision:NAME" in err.value.hint and "hf:NAME" in err.value.hint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["ethos-u85-256", "ethos-u55-128"])
+def test_torchvision_mobilenet_v3_small_delegates_whole(target):
+    """torchvision's MobileNetV3-small (hard-swish, squeeze-excitation, adaptive pooling) runs whole on the NPU."""
+    _, model, inputs = load_model("torchvision:mobilenet_v3_small")
+    spec = compile_spec_for_target(target)
+    edge = to_edge_transform_and_lower(export(quantize_model(model, inputs, spec), inputs),
+                                       partitioner=[partitioner_for(spec)])
+    cpu = [f"{p.node}: {p.reason}" for p in edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    assert not cpu and len(edge.delegates) == 1 and edge.delegates[0].report.cpu_ops == 0, cpu
+
+
+def _tiny_llama():
+    """SmolLM2's architecture (Llama: RMSNorm, rotary embeddings, grouped-query attention, SiLU MLP, tied
+    embeddings) at a test's size: 2 layers, 64 wide, 4 query and 2 key/value heads, 256 tokens."""
+    transformers = field.import_field("transformers")
+    spec = field.HF_MODELS["HuggingFaceTB/SmolLM2-135M"]
+    config = dict(spec.config, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    return field._Logits(transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))).eval(), field._tokens(config, 16)
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_llama_decoder_runs_whole_on_u85(harness):
+    """The prompt pass of a Llama decoder: int32 token ids in, every op on ethos-u85-256 in one delegate (the
+    embedding a GATHER, the rotary tables folded to constants, RMSNorm's same-dtype casts gone), each layer
+    within one step of the fake-quantized model."""
+    model, inputs = _tiny_llama()
+    spec = compile_spec_for_target("ethos-u85-256")
+    quantized = quantize_model(model, inputs, spec)
+    edge = to_edge_transform_and_lower(export(quantized, inputs), partitioner=[partitioner_for(spec)])
+    cpu = [f"{p.node}: {p.reason}" for p in edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    assert not cpu and len(edge.delegates) == 1, cpu
+    [delegate] = edge.delegates
+    assert delegate.report.cpu_ops == 0 and "GATHER" in delegate.tosa_ops
+    assert not {"SIN", "COS"} & set(delegate.tosa_ops)  # positions are known: computed once, as constants
+    int_edge = to_edge_transform_and_lower(export(quantized, inputs),
+                                           partitioner=[partitioner_for(compile_spec_for_target("TOSA-1.0+INT"))])
+    assert harness.assert_integer_lowering(int_edge, inputs, quantized) >= 20
+
+
+def test_token_id_outside_the_vocabulary_is_refused_before_the_reference_model():
+    """The reference model ends its process on a GATHER index outside its table; tosakit checks the index inputs
+    first and names the input and the range."""
+    from tosakit.runtime.refmodel import index_bounds, run_tosa
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2)).eval()
+    tokens = torch.tensor([[1, 2, 9]], dtype=torch.int32)
+    spec = compile_spec_for_target("TOSA-1.0+INT")
+    edge = to_edge_transform_and_lower(export(quantize_model(model, (tokens,), spec), (tokens,)),
+                                       partitioner=[partitioner_for(spec)])
+    tosa = edge.program.graph_module.lowered_module_0.tosa
+    assert index_bounds(tosa) == {0: 10}
+    assert run_tosa(tosa, [tokens.numpy()])
+    with pytest.raises(TosakitError, match=r"input 0 holds index 10, outside 0\.\.9"):
+        run_tosa(tosa, [torch.tensor([[1, 10, 2]], dtype=torch.int32).numpy()])
