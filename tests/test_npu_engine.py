@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from op_cases import sweep_models
 from tosakit.backends.ethosu.payload import pack_payload, parse_payload
 from tosakit.backends.ethosu.vela import VelaResult
 from tosakit.cli import main
@@ -23,7 +24,6 @@ from tosakit.program.pte import deserialize_pte, serialize_pte, tosa_key
 from tosakit.runtime import Limits, LoadedProgram, load
 from tosakit.runtime.ethosu.commands import decode
 from tosakit.specs import EthosUCompileSpec
-from tosakit.zoo import MODELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 from seeds import SmallNet  # noqa: E402  (conv with 3 input channels, relu, pool, linear: the I/O layout matters)
@@ -387,7 +387,8 @@ def test_damaged_stream_is_one_error_naming_the_command(name, programs, tmp_path
 SLOW = {"mv2", "mv3", "resnet18", "transformer", "unet"}
 
 
-@pytest.mark.parametrize("model_name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in MODELS])
+@pytest.mark.parametrize("model_name", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m
+                                        for m in sweep_models()])
 def test_builtin_model_npu_equals_tosa(model_name, tmp_path, capsys):
     """The same .pte (int8, ethos-u55-128, with its TOSA) run with --engine npu and --engine tosa: the same
     outputs, bit for bit, and --verify finds every delegate output bit-exact."""

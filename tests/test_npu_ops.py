@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import npu_inputs
+from op_cases import sweep_models
 from tosakit.backends.ethosu.payload import parse_payload
 from tosakit.backends.ethosu.vela import operation_map
 from tosakit.cli import main
@@ -57,7 +58,8 @@ def test_with_outputs_exposes_every_tensor_and_keeps_the_outputs():
 
 
 @pytest.mark.parametrize("config", [("ethos-u55-128", None), ("ethos-u65-256", "Dedicated_Sram")])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in MODELS])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+                                  for n in sweep_models()])
 def test_every_operation_of_builtin_models_bit_exact(name, config):
     """Every operation compared equals its TOSA tensor bit for bit; the rest say why they were not compared
     (a transpose Vela runs as strided copies, a tensor of Vela's own), and most are compared."""

@@ -11,6 +11,7 @@ import torch
 from tosakit.cli import CompileOptions, compile_model, main
 from tosakit.runtime import load
 from tosakit.runtime.io import random_inputs
+from op_cases import sweep_models
 from tosakit.zoo import MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
@@ -71,7 +72,7 @@ MODES = {
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("model", ["user.py:GRUNet", "user.py:LSTMNet", "user.py:ChunkedAttention", *MODELS])
+@pytest.mark.parametrize("model", ["user.py:GRUNet", "user.py:LSTMNet", "user.py:ChunkedAttention", *sweep_models()])
 def test_compile_verify_then_run(harness, model, mode, tmp_path, monkeypatch, capsys):
     """--verify on seeded random inputs: a float CPU program equals PyTorch (to 1e-4 of the output's
     range); a quantized, delegated one is verified against the fake-quantized model, and judged in terms
@@ -126,7 +127,7 @@ def _user_model(name):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("model", ["GRUNet", "LSTMNet", "ChunkedAttention", *MODELS])
+@pytest.mark.parametrize("model", ["GRUNet", "LSTMNet", "ChunkedAttention", *sweep_models()])
 def test_program_exported_by_executorch_runs(model, tmp_path, et_oracle):
     """A .pte that ExecuTorch 1.5.1 writes itself (to_edge, CPU only) runs on the host with the runtime's
     own results (to 1e-4 of the output's range: the two runtimes' kernels sum in other orders)."""

@@ -94,13 +94,13 @@ class Npu:
 
     def ofm_shape(self) -> tuple[int, int, int]:
         """The OFM an operation computes, refused before anything is computed when it could not fit where it goes
-        (its region; a chain buffer, no larger than the largest region)."""
+        (its region; a chain buffer, no larger than the largest region could grow)."""
         shape = (self.value("OFM_HEIGHT_M1", "height_m1") + 1, self.value("OFM_WIDTH_M1", "width_m1") + 1,
                  self.value("OFM_DEPTH_M1", "depth_m1") + 1)
         ofm = FeatureMap.of(self.regs, "OFM")
         if not (self.u85 and self.name("OFM_PRECISION", "activation_storage").endswith("CHAINED")):
             self.memory.check_extent(ofm.region, shape, ofm.elem, "writes")
-        elif shape[0] * shape[1] * shape[2] * ofm.elem > max(r.data.size for r in self.memory.regions.values()):
+        elif shape[0] * shape[1] * shape[2] * ofm.elem > max(r.capacity for r in self.memory.regions.values()):
             raise TosakitError(f"{self.memory.where} chains a {'x'.join(map(str, shape))} OFM, larger than any memory "
                                "region", "the command stream is corrupt: recompile the program")
         return shape
