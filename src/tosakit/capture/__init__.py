@@ -63,7 +63,8 @@ class CapturedProgram:
 FOLD_LIMIT = 1 << 16
 
 
-def _attr(gm: GraphModule, node: torch.fx.Node):
+def graph_attr(gm: GraphModule, node: torch.fx.Node):
+    """The value a ``get_attr`` node names."""
     value = gm
     for part in node.target.split("."):
         value = getattr(value, part)
@@ -87,7 +88,8 @@ def fold_constants(gm: GraphModule) -> GraphModule:
     for node in list(gm.graph.nodes):
         if not _foldable(node):
             continue
-        value = node.target(*map_arg(node.args, lambda n: _attr(gm, n)), **map_arg(node.kwargs, lambda n: _attr(gm, n)))
+        value = node.target(*map_arg(node.args, lambda n: graph_attr(gm, n)),
+                            **map_arg(node.kwargs, lambda n: graph_attr(gm, n)))
         name = f"_tosakit_folded_{node.name}"
         while hasattr(gm, name):
             name += "_"

@@ -8,6 +8,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..capture import fold_constants
+from ..capture import graph_attr as _get_attr
 from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
 from .lowering import folds_to_integer
 
@@ -26,13 +27,6 @@ ASSERTS = {
     aten._assert_scalar.default,
     aten.sym_constrain_range_for_size.default,
 }
-
-
-def _get_attr(gm: GraphModule, node: Node) -> torch.Tensor:
-    value = gm
-    for part in node.target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _finish(gm: GraphModule) -> GraphModule:

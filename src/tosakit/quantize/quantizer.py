@@ -22,6 +22,7 @@ from torchao.quantization.pt2e.quantizer import (
 )
 
 from ..capture import fold_constants
+from ..capture import graph_attr as _param
 from ..errors import TosakitError
 from ..specs import ArmCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec, require_spec
 from .config import QuantizationConfig
@@ -520,13 +521,6 @@ def _affine(f: _Builder, y: Node, weight, bias, shape) -> Node:
     if isinstance(bias, Node):
         y = f(aten.add.Tensor, y, f.constant("bias", _param(f.model, bias).reshape(shape)))
     return y
-
-
-def _param(model: GraphModule, node: Node) -> torch.Tensor:
-    value = model
-    for part in node.target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _decompose_softmax(f: _Builder, node: Node) -> Node | None:

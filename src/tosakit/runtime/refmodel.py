@@ -36,6 +36,8 @@ def index_bounds(tosa: bytes) -> dict[int, int]:
 
     names = {value: name for name, value in vars(Op).items() if not name.startswith("_")}
     block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
+    if not any(block.Operators(i).Op() == Op.GATHER for i in range(block.OperatorsLength())):
+        return {}  # most graphs: nothing more to read on every run
     shapes = {block.Tensors(i).Name().decode(): block.Tensors(i).ShapeAsNumpy() for i in range(block.TensorsLength())}
     made_by = {}
     for i in range(block.OperatorsLength()):
