@@ -332,6 +332,7 @@ U85_COVERS = {
     "conv_transpose2d": "acc_input = ACC_INPUT_IFM2", "mean_all": "POOLING_MODE_NONE",
     "conv_amin_channels": "POOLING_MODE_MIN", "flip": "ACTIVATION_REVERSE_H", "pad_reflect": "ACTIVATION_REVERSE_W",
     "gather": "idx_mode = DMA_IDX_MODE_ENABLED", "index_select": "stride_mode = DMA_STRIDE_MODE_D3",
+    "index_put_rows": "DMA_REGION_MODE_EXTERNAL, idx_mode = DMA_IDX_MODE_ENABLED",  # the scatter's DST end
 }
 
 
@@ -403,3 +404,22 @@ def test_u85_gather_index_out_of_range_names_the_command():
     with pytest.raises(TosakitError, match=r"command at offset 0x[0-9a-f]+ \(NPU_OP_DMA_START\) gathers row 7, "
                                            r"outside 0\.\.2 \(IDX_MAX\)"):
         simulate(payload, npu_inputs(payload, 0))
+
+
+def test_u85_scatter_position_out_of_range_names_the_command():
+    """A KV cache written at a position the cache does not have: the simulator's scatter names the DMA, and the
+    reference model's run is refused before it starts, naming the input."""
+    from tosakit.runtime.refmodel import run_tosa
+    from tosakit.runtime.tosa_check import check_tosa
+
+    module, inputs = importlib.import_module("test_ops_shape").OP_TABLE.build("index_put_rows")
+    torch.manual_seed(0)
+    compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
+    (tosa, payload), = ethosu_delegates(compiled)
+    xs = npu_inputs(payload, 0, tosa)
+    k = next(k for k, t in enumerate(payload.inputs) if t.elem_size == 4)  # the int32 positions
+    xs[k] = np.array([3, 99], np.int32).reshape(xs[k].shape)
+    with pytest.raises(TosakitError, match=r"\(NPU_OP_DMA_START\) scatters row 99, outside 0\.\.15 \(IDX_MAX\)"):
+        simulate(payload, xs)
+    with pytest.raises(TosakitError, match=r"holds index 99, outside 0\.\.15"):
+        run_tosa(tosa, [x.reshape(t.shape) for x, t in zip(xs, check_tosa(tosa, "delegate", 1 << 31).inputs)])

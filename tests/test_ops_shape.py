@@ -29,6 +29,15 @@ class Op(nn.Module):
 
 IDX = torch.tensor([2, 0, 1, 1])
 GATHER_IDX = torch.tensor([[[0, 2, 1]], [[1, 1, 0]]])
+POSITIONS = torch.tensor([5, 2], dtype=torch.int32)  # an input: positions known only at run time (a KV cache's)
+ROWS = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))  # a table read at those positions (rotary)
+
+
+def _write_rows(cache, pos, values, dim=2):
+    """A KV cache written at run-time positions, as models write it (in place, on a copy)."""
+    cache = cache.clone()
+    cache[(slice(None),) * dim + (pos,)] = values
+    return cache
 
 
 # name -> (fn, input shapes, on a conv output, flavours)
@@ -54,6 +63,13 @@ CASES = {
     "index_select": (lambda x: x.index_select(1, IDX), [(2, 3, 5)], False, ALL),
     "conv_index_select": (lambda x: x.index_select(1, IDX), [(1, 3, 4, 5)], True, ALL),
     "gather": (lambda x: x.gather(1, GATHER_IDX), [(2, 3, 3)], False, NO_GATHER),
+    # indices computed at run time (int32 inputs): GATHER and SCATTER rows
+    "index_rows": (lambda x, pos: x + ROWS[pos], [(2, 8), POSITIONS], False, NO_GATHER),
+    "index_select_at_positions": (lambda x, pos: x.index_select(1, pos), [(2, 16, 3), POSITIONS], False,
+                                  NO_GATHER),
+    "index_put_rows": (_write_rows, [(1, 2, 16, 8), POSITIONS, (1, 2, 2, 8)], False, NO_GATHER),
+    "index_put_broadcast": (lambda c, pos, v: _write_rows(c, pos, v, dim=1), [(3, 16, 4), POSITIONS, (4,)], False,
+                            NO_GATHER),
     # joining, repeating, padding, reversing
     "cat": (lambda x, y: torch.cat([x, y], 1), [(1, 2, 3, 4), (1, 3, 3, 4)], False, ALL),
     "cat_scaled": (lambda x, y: torch.cat([x, 4 * y], -1), [(2, 3, 4), (2, 3, 2)], False, ALL),
@@ -79,6 +95,8 @@ CASES = {
     "conv_amin_channels": (lambda x: x.amin(1), [(1, 3, 4, 5)], True, ALL),
     "max_all": (lambda x: x.max(), [(2, 3, 4)], False, ALL),
     "var": (lambda x: x.var(1), [(2, 8, 3)], False, ALL),
+    "cumsum": (lambda x: x.cumsum(-1), [(2, 3, 8)], False, ALL),
+    "conv_cumsum_channels": (lambda x: x.cumsum(1), [(1, 3, 4, 5)], True, ALL),
     "conv_var_population": (lambda x: x.var((2, 3), correction=0, keepdim=True), [(1, 3, 4, 5)], True, ALL),
 }
 
@@ -88,10 +106,16 @@ def _params(flavour):
             if flavour in flavours]
 
 
+def _inputs(shapes) -> tuple:
+    """Seeded float inputs of the given shapes; a tensor in ``shapes`` is an input as it is (int32 positions)."""
+    floats = iter(seed_inputs(*[s for s in shapes if not isinstance(s, torch.Tensor)]))
+    return tuple(s.clone() if isinstance(s, torch.Tensor) else next(floats) for s in shapes)
+
+
 def _case(name):
     fn, shapes, conv, _ = CASES[name]
     torch.manual_seed(0)
-    return Op(fn, conv).eval(), seed_inputs(*shapes)
+    return Op(fn, conv).eval(), _inputs(shapes)
 
 
 OP_TABLE = OpTable({name: case[-1] for name, case in CASES.items()}, _case)
@@ -182,6 +206,30 @@ def test_index_select_with_run_time_indices_refused_with_reason(harness):
     inputs = (seed_inputs((2, 3, 5))[0], torch.tensor([2, 0]))
     [left] = harness.cpu_compute(harness.compile(IndexByInput(), inputs, "TOSA-1.0+FP", quantize=False))
     assert left.target == "aten.index_select.default" and "int64" in left.reason and "index" in left.reason
+
+
+@pytest.mark.parametrize("name,op", [("index_rows", "GATHER"), ("index_put_rows", "SCATTER")])
+def test_run_time_indexing_refused_on_u55_with_reason(harness, name, op):
+    """Ethos-U55/U65 have neither GATHER nor SCATTER: the indexing stays on the CPU, the reason says why."""
+    module, inputs = _case(name)
+    left = harness.cpu_compute(harness.compile(module, inputs, "ethos-u55-128", quantize=True))
+    assert [p for p in left if op in p.reason and "Ethos-U55/U65" in p.reason], left
+
+
+def test_index_put_accumulate_refused_with_reason(harness):
+    """A scatter-add has no TOSA op (SCATTER writes each row once)."""
+    module = Op(lambda c, pos, v: c.index_put((pos,), v, accumulate=True)).eval()
+    compiled = harness.compile(module, _inputs([(16, 4), POSITIONS, (2, 4)]), "TOSA-1.0+FP", quantize=False)
+    [left] = harness.cpu_compute(compiled)
+    assert left.target == "aten.index_put.default" and "accumulate" in left.reason
+
+
+def test_integer_cumsum_to_int64_refused_with_reason(harness):
+    """Integers sum to int64 in PyTorch, which TOSA lacks: the reason names the dtype argument to pass."""
+    module = Op(lambda x: (x > 0).to(torch.int32).cumsum(-1)).eval()
+    compiled = harness.compile(module, seed_inputs((2, 8)), "TOSA-1.0+FP", quantize=False)
+    reasons = [p.reason for p in harness.cpu_compute(compiled) if p.target == "aten.cumsum.default"]
+    assert reasons and "dtype=torch.int32" in reasons[0]
 
 
 def test_negative_padding_refused_with_reason(harness):

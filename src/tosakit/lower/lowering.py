@@ -124,7 +124,8 @@ def _int64_reason(node: Node) -> str | None:
     if src is not None:
         return f"{node.target} reads int64 tensor {src.name}, and TOSA has no int64 (use int32)"
     if int64(node) and node.target not in INDEX_RESULT_OPS and not any(map(int64, node.all_input_nodes)):
-        return f"{node.target} produces int64, and TOSA has no int64"
+        fix = " (pass dtype=torch.int32)" if "dtype" in str(getattr(node.target, "_schema", "")) else ""
+        return f"{node.target} produces int64, and TOSA has no int64{fix}"
     return None
 
 
@@ -151,7 +152,7 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
     if why:
         return why
     if spec.is_u55_subset and not s.u55:
-        return f"{node.target} is outside the Ethos-U55/U65 TOSA subset"
+        return f"{node.target} is outside the Ethos-U55/U65 TOSA subset{': ' + s.note if s.note else ''}"
     if not s.int16 and integer_dtype(node) == torch.int16:
         return f"{node.target} has no int16 (a16w8) lowering yet: quantize it with int8 activations"
     return s.check(node, spec) if s.check else None

@@ -35,6 +35,7 @@ from .schema import (
     NamedData,
     Null,
     Operator,
+    OptionalTensorList,
     Program,
     String,
     SubsegmentOffsets,
@@ -206,8 +207,10 @@ class Emitter:
             if isinstance(value, Node):
                 return self._use(self.node_value[value])
             return self._constant(torch.tensor(value, dtype=like.dtype if like is not None else torch.float32))
-        if base in ("List[Tensor]", "List[Optional[Tensor]]"):
-            return self._add(TensorList([self._arg(v, "Optional[Tensor]", like) for v in value]))
+        if base == "List[Tensor]":
+            return self._add(TensorList([self._arg(v, "Tensor", like) for v in value]))
+        if base == "List[Optional[Tensor]]":  # indexing's ``x[:, :, pos]``: -1 for each None, as ExecuTorch emits
+            return self._add(OptionalTensorList([-1 if v is None else self._arg(v, "Tensor", like) for v in value]))
         if base == "ScalarType" or isinstance(value, torch.dtype):
             return self._add(Int(int(scalar_type_of(value))))
         if base == "bool" or isinstance(value, bool):

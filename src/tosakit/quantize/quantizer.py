@@ -341,8 +341,8 @@ def _elementwise_for_annotation(model: GraphModule) -> GraphModule:
 MOVEMENT_OPS = {
     aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.expand.default, aten.expand_as.default,
     aten.repeat.default, aten.tile.default, aten.flip.default, aten.unflatten.int, aten.index_select.default,
-    aten.gather.default, aten.pad.default, aten.constant_pad_nd.default, aten.amax.default, aten.amin.default,
-    aten.max.default, aten.min.default, aten.movedim.int, aten.swapaxes.default,
+    aten.index.Tensor, aten.gather.default, aten.pad.default, aten.constant_pad_nd.default, aten.amax.default,
+    aten.amin.default, aten.max.default, aten.min.default, aten.movedim.int, aten.swapaxes.default,
 }
 SHARED_QPARAM_OPS.update(MOVEMENT_OPS)
 annotates(*MOVEMENT_OPS)(_shared)
@@ -379,7 +379,17 @@ def _cat(node: Node, config: QuantizationConfig) -> None:
     _mark(node, {n: config.input_activation if n is inputs[0] else shared for n in inputs}, shared)
 
 
-@annotates(aten.sum.dim_IntList, aten.sum.default)
+@annotates(aten.index_put.default)
+def _index_put(node: Node, config: QuantizationConfig) -> None:
+    """The values written take x's quantization, so SCATTER copies integers unchanged (a KV cache keeps one)."""
+    x, values = node.args[0], node.args[2]
+    if not _is_float_tensor(x):
+        return
+    shared = SharedQuantizationSpec((x, node))
+    _mark(node, {x: config.input_activation, **({values: shared} if _is_float_tensor(values) else {})}, shared)
+
+
+@annotates(aten.sum.dim_IntList, aten.sum.default, aten.cumsum.default)
 def _sum(node: Node, config: QuantizationConfig) -> None:
     """A sum spans a wider range than its input: its own output quantization."""
     if _is_float_tensor(node):

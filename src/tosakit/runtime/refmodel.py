@@ -25,18 +25,19 @@ _LENGTH = struct.Struct("<Q")
 
 
 # Operators that pass an index tensor on unchanged in value (a GATHER's indices traced back through them).
-_INDEX_VIEWS = ("RESHAPE", "IDENTITY", "TRANSPOSE")
+_INDEX_VIEWS = ("RESHAPE", "IDENTITY", "TRANSPOSE", "TILE")
+_INDEXED = ("GATHER", "SCATTER")  # operand 1 indexes the rows (dim 1) of operand 0
 
 
 def index_bounds(tosa: bytes) -> dict[int, int]:
-    """The main block's inputs that a GATHER reads as indices (directly or through reshapes), by position: the
-    number of rows it gathers from (an index must lie in 0..rows-1)."""
+    """The main block's inputs that a GATHER or SCATTER reads as indices (directly or through reshapes), by
+    position: the number of rows it indexes (an index must lie in 0..rows-1)."""
     from tosa.Op import Op
     from tosa.TosaGraph import TosaGraph
 
     names = {value: name for name, value in vars(Op).items() if not name.startswith("_")}
     block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
-    if not any(block.Operators(i).Op() == Op.GATHER for i in range(block.OperatorsLength())):
+    if not any(block.Operators(i).Op() in (Op.GATHER, Op.SCATTER) for i in range(block.OperatorsLength())):
         return {}  # most graphs: nothing more to read on every run
     shapes = {block.Tensors(i).Name().decode(): block.Tensors(i).ShapeAsNumpy() for i in range(block.TensorsLength())}
     made_by = {}
@@ -47,7 +48,7 @@ def index_bounds(tosa: bytes) -> dict[int, int]:
     position = {block.Inputs(i).decode(): i for i in range(block.InputsLength())}
     bounds: dict[int, int] = {}
     for kind, operands in made_by.values():
-        if kind != "GATHER" or len(operands) < 2:
+        if kind not in _INDEXED or len(operands) < 2:
             continue
         source = operands[1]
         while source in made_by and made_by[source][0] in _INDEX_VIEWS:
@@ -59,12 +60,12 @@ def index_bounds(tosa: bytes) -> dict[int, int]:
 
 
 def _check_indices(tosa: bytes, inputs: list[np.ndarray]) -> None:
-    """Index inputs inside the rows they gather from (the reference model ends its process on one outside)."""
+    """Index inputs inside the rows they index (the reference model ends its process on one outside)."""
     for k, rows in index_bounds(tosa).items():
         if k < len(inputs) and inputs[k].size and not (0 <= inputs[k].min() and inputs[k].max() < rows):
             bad = inputs[k][(inputs[k] < 0) | (inputs[k] >= rows)].flat[0]
-            raise TosakitError(f"input {k} holds index {bad}, outside 0..{rows - 1}, the rows the graph gathers "
-                               "from (a token id past the vocabulary, a negative position)",
+            raise TosakitError(f"input {k} holds index {bad}, outside 0..{rows - 1}, the rows the graph indexes "
+                               "(a token id past the vocabulary, a negative or too large position)",
                                f"give input {k} values in 0..{rows - 1}")
 
 

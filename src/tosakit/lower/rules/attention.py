@@ -50,7 +50,7 @@ def _embedding_check(node: Node, spec) -> str | None:
 
 
 @lowers(aten.embedding.default, u55=False, check=_embedding_check,
-        note="GATHER is outside the Ethos-U55/U65 TOSA subset")
+        note="it needs TOSA GATHER")
 def embedding(ctx: Lowering, node: Node) -> Value:
     """GATHER rows of the [1, V, D] table at the [1, W] flattened indices."""
     table, idx = ctx.arg(node.args[0]), ctx.arg(node.args[1])

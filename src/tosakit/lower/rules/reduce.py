@@ -15,7 +15,7 @@ from torch.fx import Node
 from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr
 from ..tosa_graph import DType, Op, Value, identity
 from . import pool
-from .shape import checks, rank_check, squeeze_dims, unsqueeze_dim
+from .shape import checks, rank_check, squeeze_dims, tile, unsqueeze_dim
 
 aten = torch.ops.aten
 REDUCE_ATTR = {
@@ -110,6 +110,50 @@ def _bool_check(node: Node, spec) -> str | None:
 # any/all of bool tensors (the guard attention adds for fully masked rows): not in the Ethos-U55/U65 subset
 lowers(aten.any.dim, aten.any.dims, u55=False, check=checks(_bool_check))(extreme(Op.REDUCE_ANY))
 lowers(aten.all.dim, aten.all.dims, u55=False, check=checks(_bool_check))(extreme(Op.REDUCE_ALL))
+
+
+# ------------------------------------------------------------------ cumulative sum
+
+CUMSUM_LIMIT = 1 << 22  # elements of the x-times-triangle product a cumulative sum multiplies out
+
+
+def _cumsum_check(node: Node, spec) -> str | None:
+    out = node.meta["val"]
+    if not (out.dtype.is_floating_point or out.dtype == torch.int32):
+        return f"cumsum giving {out.dtype} (integers sum to int64, which TOSA lacks): pass dtype=torch.int32"
+    x = node.args[0].meta["val"]
+    n = x.shape[node.args[1] % max(x.dim(), 1)] if x.dim() else 1
+    if x.numel() * n > CUMSUM_LIMIT:
+        return (f"cumsum over {n} positions multiplies out {x.numel() * n} elements (limit {CUMSUM_LIMIT}): "
+                "sum shorter runs")
+    return None
+
+
+@lowers(aten.cumsum.default, int16=True, check=checks(_cumsum_check))
+def cumsum(ctx: Lowering, node: Node) -> Value:
+    """Position i sums positions 0..i: x as [before, 1, N, after], tiled N times, times a lower-triangular 0/1
+    constant [1, N, N, 1], then REDUCE_SUM over the input positions. Integers add in int32 (zero point removed)
+    and are rescaled once, exactly."""
+    x = ctx.arg(node.args[0])
+    shape = x.torch_shape or (1,)
+    dim = node.args[1] % len(shape)
+    before, n, after = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    q_out = ctx.q_of(node)
+    if x.q is not None:
+        v = ctx.rescale(x, 1.0, DType.INT32, x.q.zp, 0, node=node)
+    elif node.meta["val"].dtype == torch.int32 and x.dtype != DType.INT32:
+        v = ctx.emit(Op.CAST, [x], x.shape, DType.INT32, like=x, node=node)
+    else:
+        v = x
+    v = tile(ctx, ctx.reshape(v, (before, 1, n, after), node), (1, n, 1, 1), node)
+    tri = np.tril(np.ones((n, n))).reshape(1, n, n, 1)
+    mask = Value(ctx.g.const(tri, v.dtype), tri.shape, v.dtype, identity(4))
+    shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
+    acc = reduce(ctx, ctx.emit(Op.MUL, [v, mask, shift], v.shape, v.dtype, like=v, node=node), Op.REDUCE_SUM,
+                 [2], node)
+    if x.q is not None:
+        acc = ctx.rescale(acc, x.q.s / q_out.s, int_dtype(q_out), 0, q_out.zp, q=q_out, node=node)
+    return ctx.reshape(acc, node.meta["val"].shape, node)
 
 
 # ------------------------------------------------------------------ arg-max

@@ -361,29 +361,57 @@ def replication_pad(ctx: Lowering, node: Node) -> Value:
     return _edge_pad(ctx, node, repeat_edge)
 
 
-# ------------------------------------------------------------------ indexing with constant indices
+# ------------------------------------------------------------------ indexing: GATHER and SCATTER rows
+
+
+def _index_dtype_check(a) -> str | None:
+    """Indices computed at run time must be int32 (TOSA has no int64)."""
+    if constant_source(a) is None and a.meta["val"].dtype != torch.int32:
+        return (f"indices computed at run time are {a.meta['val'].dtype} but TOSA indexes with int32 (it has no "
+                "int64): pass int32 positions or ids")
+    return None
 
 
 def _index_check(node: Node, spec) -> str | None:
-    if constant_source(node.args[2]) is None:
-        return (f"{node.target} with indices computed at run time: they are int64, which TOSA lacks "
-                "(only constant indices are lowered)")
-    return None
+    if spec.is_u55_subset and constant_source(node.args[2]) is None:
+        return "indices computed at run time need TOSA GATHER, which Ethos-U55/U65 do not support"
+    return _index_dtype_check(node.args[2])
 
 
 def _gather_check(node: Node, spec) -> str | None:
     if spec.is_u55_subset:
         return "gather needs TOSA GATHER, which Ethos-U55/U65 do not support"
-    return _index_check(node, spec)
+    if constant_source(node.args[2]) is None:
+        return f"{node.target} with indices computed at run time (only constant indices are lowered)"
+    return None
 
 
-def _gather(ctx: Lowering, values: Value, indices: np.ndarray, node: Node) -> Value:
+def _rows(ctx: Lowering, a, before: int, size: int, node: Node) -> Value:
+    """int32 row indices [before, W] for GATHER/SCATTER: constant ones wrapped into 0..size-1, run-time ones
+    (int32, in range: TOSA has no negative indexing) tiled over ``before``."""
+    src = constant_source(a)
+    if src is not None:
+        index = ctx.constant(src).reshape(1, -1).long() % size
+        return ctx.const_value(index.repeat(before, 1).to(torch.int32))
+    idx = ctx.reshape(ctx.arg(a), (1, a.meta["val"].numel()), node)
+    return tile(ctx, idx, (before, 1), node)
+
+
+def _gather(ctx: Lowering, values: Value, indices: Value, node: Node) -> Value:
     """GATHER rows of values [N, K, C] at int32 ``indices`` [N, W] -> [N, W, C]."""
-    idx = ctx.const_value(torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int32)))
     n, _, c = values.shape
     shape = (n, indices.shape[1], c)
-    return ctx.emit(Op.GATHER, [values, idx], shape, values.dtype, order=identity(3), q=values.q,
+    return ctx.emit(Op.GATHER, [values, indices], shape, values.dtype, order=identity(3), q=values.q,
                     attr=make_attr("GatherAttribute"), node=node)
+
+
+def _gather_dim(ctx: Lowering, x: Value, dim: int, index, node: Node) -> Value:
+    """x's slices along ``dim`` at ``index`` (a GATHER over [before, dim, after]), in the node's shape."""
+    shape = x.torch_shape
+    before, after = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
+    values = ctx.reshape(x, (before, shape[dim], after), node)
+    y = _gather(ctx, values, _rows(ctx, index, before, shape[dim], node), node)
+    return ctx.reshape(y, node.meta["val"].shape, node)
 
 
 def _runs(index: list[int]) -> list[tuple[int, int]]:
@@ -399,20 +427,74 @@ def _runs(index: list[int]) -> list[tuple[int, int]]:
 
 @lowers(aten.index_select.default, int16=True, check=checks(_index_check))
 def index_select(ctx: Lowering, node: Node) -> Value:
-    """Constant indices: a SLICE per run of consecutive indices and a CONCAT on Ethos-U55/U65 (which
-    lack GATHER), a GATHER over [before, dim, after] elsewhere."""
+    """Constant indices on Ethos-U55/U65 (which lack GATHER): a SLICE per run of consecutive indices and a
+    CONCAT; elsewhere, and for int32 indices computed at run time, a GATHER over [before, dim, after]."""
     x = ctx.arg(node.args[0])
     dim = node.args[1] % x.rank
-    size = x.torch_shape[dim]
-    index = [int(i) % size for i in ctx.constant(constant_source(node.args[2])).reshape(-1)]
     if ctx.spec.is_u55_subset:
+        size = x.torch_shape[dim]
+        index = [int(i) % size for i in ctx.constant(constant_source(node.args[2])).reshape(-1)]
         axis = x.tosa_dim(dim)
         return concat(ctx, [slice_axis(ctx, x, axis, s, n, node) for s, n in _runs(index)], axis, node)
+    return _gather_dim(ctx, x, dim, node.args[2], node)
+
+
+def _one_index(node: Node) -> tuple[int, Node] | None:
+    """(dim, index) of ``x[..., index, ...]``: one integer index tensor, every other position None."""
+    given = [(d, i) for d, i in enumerate(node.args[1]) if i is not None]
+    return given[0] if len(given) == 1 else None
+
+
+def _advanced_index_check(node: Node, spec) -> str | None:
+    """One integer index tensor (int32 when computed at run time); the TOSA op exists on the target."""
+    one = _one_index(node)
+    if one is None:
+        return "indexing with more than one index tensor (only x[..., index, ...] with one is lowered)"
+    if one[1].meta["val"].dtype == torch.bool:
+        return "a boolean mask as index gives a data-dependent shape, which TOSA cannot express"
+    if spec.is_u55_subset:
+        op = "GATHER" if node.target == aten.index.Tensor else "SCATTER"
+        return f"{op} is outside the Ethos-U55/U65 TOSA subset"
+    return _index_dtype_check(one[1])
+
+
+@lowers(aten.index.Tensor, u55=False, int16=True, check=checks(_advanced_index_check),
+        note="it needs TOSA GATHER")
+def index(ctx: Lowering, node: Node) -> Value:
+    """``x[..., index, ...]`` (a table row at a position, a rotary angle): GATHER over [before, dim, after]."""
+    dim, idx = _one_index(node)
+    return _gather_dim(ctx, ctx.arg(node.args[0]), dim, idx, node)
+
+
+def _index_put_check(node: Node, spec) -> str | None:
+    args = list(node.args) + [False] * (4 - len(node.args))
+    if args[3]:
+        return "index_put with accumulate=True (a scatter-add; TOSA SCATTER writes each row once)"
+    return _advanced_index_check(node, spec)
+
+
+@lowers(aten.index_put.default, u55=False, int16=True, check=checks(_index_put_check),
+        note="it needs TOSA SCATTER")
+def index_put(ctx: Lowering, node: Node) -> Value:
+    """``x[..., index, ...] = values`` (a KV cache written at the new positions): SCATTER over [before, dim,
+    after]; the values take x's quantization. TOSA writes each row once: indices must not repeat."""
+    x = ctx.arg(node.args[0])
+    dim, idx = _one_index(node)
     shape = x.torch_shape
-    before, after = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
-    values = ctx.reshape(x, (before, size, after), node)
-    y = _gather(ctx, values, np.tile(np.asarray(index), (before, 1)), node)
-    return ctx.reshape(y, node.meta["val"].shape, node)
+    before, size, after = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
+    count = idx.meta["val"].numel()
+    target = (*shape[:dim], count, *shape[dim + 1:])
+    values = lift(ctx, ctx.arg(node.args[2]), len(target), node)
+    values = ctx.torch_order(values)
+    values = tile(ctx, values, [t // s for t, s in zip(target, values.torch_shape)], node)
+    if x.q is not None and values.q is not None and (values.q.s, values.q.zp) != (x.q.s, x.q.zp):
+        values = ctx.rescale(values, values.q.s / x.q.s, x.dtype, values.q.zp, x.q.zp, q=x.q, node=node)
+    rows = _rows(ctx, idx, before, size, node)
+    out = ctx.emit(Op.SCATTER, [ctx.reshape(x, (before, size, after), node), rows,
+                                ctx.reshape(values, (before, count, after), node)],
+                   (before, size, after), x.dtype, order=identity(3), q=x.q, attr=make_attr("ScatterAttribute"),
+                   node=node)
+    return ctx.reshape(out, shape, node)
 
 
 @lowers(aten.gather.default, int16=True, check=checks(_gather_check))
@@ -422,6 +504,7 @@ def gather(ctx: Lowering, node: Node) -> Value:
     dim = node.args[1] % x.rank
     index = ctx.constant(constant_source(node.args[2]))
     positions = torch.arange(math.prod(x.torch_shape)).reshape(x.torch_shape)
-    flat = torch.gather(positions, dim, index.long()).reshape(1, -1).numpy()
+    flat = torch.gather(positions, dim, index.long()).reshape(1, -1)
     values = ctx.reshape(x, (1, positions.numel(), 1), node)
-    return ctx.reshape(_gather(ctx, values, flat, node), node.meta["val"].shape, node)
+    y = _gather(ctx, values, ctx.const_value(flat.to(torch.int32)), node)
+    return ctx.reshape(y, node.meta["val"].shape, node)

@@ -42,7 +42,6 @@ U85_RUNS = {
     ("NPU_SET_OFM_SCALE", "round_mode"): {f"ROUND_MODE_OFM_{m}" for m in ("NATURAL", "DOUBLE_SYMMETRIC",
                                                                             "TRUNCATE_TO_ZERO")},
     ("NPU_SET_OFM_SCALE", "dbl_rnd"): {0}, ("NPU_SET_IFM_SCALE", "dbl_rnd"): {0}, ("NPU_SET_IFM2_SCALE", "dbl_rnd"): {0},
-    ("NPU_SET_DMA0_DST_REGION", "idx_mode"): {"DMA_IDX_MODE_DISABLED"},  # a scatter: no stream of the tests has one
 }
 U85_NOT_RUN = ("NPU_OP_BRANCH",)
 
