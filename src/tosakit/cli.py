@@ -240,6 +240,7 @@ def write_report(path: Path, edge, program, opts: CompileOptions, output: Path, 
         "arena_bytes": program.emitted.arena_bytes,
         "constant_bytes": program.emitted.constant_bytes,
         "cpu_kernels": program.emitted.kernel_ops,
+        "runner_memory": [m.as_dict() for m in _runner_memory(program)],
         "placements": [vars(p) for p in edge.placements],
         "delegates": [
             {**{k: v for k, v in vars(d).items() if k != "report"},
@@ -277,6 +278,14 @@ def _vela_dict(report) -> dict | None:
     return out
 
 
+def _runner_memory(program) -> list:
+    """Each method's RunnerMemory."""
+    from .runtime.pools import runner_memory
+
+    emitted = program.emitted
+    return [runner_memory(emitted.program, emitted.segments, plan) for plan in emitted.program.execution_plan]
+
+
 def summary(output: Path, edge, program, seconds: float) -> str:
     """What runs where, and Vela's figures, for the terminal."""
     lines = []
@@ -311,6 +320,7 @@ def summary(output: Path, edge, program, seconds: float) -> str:
             if q is not None:
                 lines.append(f"{kind[:-1]} {i}: {str(q.dtype).replace('torch.', '')}, scale {q.s:.9g}, zero point {q.zp}"
                              " (real = (q - zero point) x scale)")
+    lines += [m.summary() for m in _runner_memory(program)]
     lines.append(f"wrote {output} ({len(program.buffer) / 1024:.1f} KiB; arena {program.emitted.arena_bytes} B) "
                  f"in {seconds:.1f} s")
     return "\n".join(lines)
@@ -349,6 +359,11 @@ def _cmd_run(args) -> int:
         raise TosakitError("--verify compares the NPU engine's results with the TOSA ones: it runs --engine npu",
                            "drop --engine tosa")
     program = load(args.pte, limits=_limits(args), engine=args.engine)  # validated whole before torch is imported
+    if args.method_pool is not None or args.temp_pool is not None:
+        from .runtime.pools import check_pools, runner_memory
+
+        plan = program.plan()
+        check_pools(plan, runner_memory(program.program, program.segments, plan), args.method_pool, args.temp_pool)
     import torch
 
     from .runtime.io import random_inputs, read_inputs, write_outputs
@@ -415,6 +430,11 @@ def _bytes(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
     return value
+
+
+def _pool_bytes(text: str) -> int:
+    """A pool size: 0 (an empty pool) or a size as ``_bytes`` reads it."""
+    return 0 if text.strip() == "0" else _bytes(text)
 
 
 def _seconds(text: str) -> float:
@@ -558,6 +578,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--random", action="store_true", help="seeded random inputs of the program's shapes")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--outputs", help="write the outputs to this .npz (out0, out1, ...)")
+    r.add_argument("--method-pool", "--method_pool", type=_pool_bytes, metavar="SIZE",
+                   help="refuse to run unless a device runner's method allocator pool of this size "
+                        "(arm_executor_runner: arenas, load_method, inputs) holds the program")
+    r.add_argument("--temp-pool", "--temp_pool", type=_pool_bytes, metavar="SIZE",
+                   help="refuse to run unless a temp allocator pool of this size serves every instruction")
     _add_limits(r)
     r.set_defaults(func=_cmd_run)
     i = sub.add_parser("inspect", help="describe a .pte: methods, I/O, kernels, delegates, memory")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..backends.ethosu.payload import parse_payload
 from ..program.schema import DelegateCall, KernelCall
 from .ethosu.commands import decode, disassemble
+from .pools import runner_memory
 from .program import LoadedProgram
 from .validate import MethodLayout
 
@@ -35,6 +36,8 @@ def describe(loaded: LoadedProgram, size: int | None = None) -> str:
             f"  memory: arena(s) {', '.join(_kib(n) for n in plan.non_const_buffer_sizes[1:]) or 'none'}; "
             f"constants {_kib(const_bytes)} ({max(len(constants.offsets) - 1, 0) if constants else 0} tensor(s))",
         ]
+        lines.append("  runner memory (what a device running ExecuTorch 1.5.1 must provide):")
+        lines += [f"    {line}" for line in runner_memory(prog, loaded.segments, plan).lines()]
         for k, d in enumerate(plan.delegates):
             payload = loaded.delegate_payload(d)
             where = "inline" if d.processed.location == 0 else f"segment {d.processed.index}"
