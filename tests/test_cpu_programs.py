@@ -91,6 +91,19 @@ def test_cpu_program(build, quantize, program_check):
     program_check.cpu_only(module, inputs, quantize)
 
 
+@pytest.mark.oracle
+def test_conv_transpose2d_the_npu_refuses_runs_on_the_cpu(harness, program_check):
+    """A transposed convolution no Ethos-U55 form takes (dilation 2, stride 3) stays on the CPU with the reason,
+    and the program the partitioner leaves runs in ExecuTorch's runtime, within one step of the quantized model."""
+    torch.manual_seed(0)
+    module, inputs = nn.ConvTranspose2d(4, 4, 3, 3, 1, 1, dilation=2).eval(), seed_inputs((1, 4, 5, 5))
+    compiled = harness.compile(module, inputs, "ethos-u55-128", quantize=True)
+    [left] = harness.cpu_compute(compiled)
+    assert left.target == "aten.convolution.default" and "dilation [2, 2]" in left.reason
+    assert not compiled.edge.delegates
+    program_check.program(compiled, inputs, module)
+
+
 def test_sweep_covers_the_lowering_table():
     """Each ATen op the lowering table lowers is in some swept case's captured graph (but for the forms
     that capture itself rewrites, such as reshape -> view)."""

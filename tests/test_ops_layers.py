@@ -115,6 +115,10 @@ CASES = {
     "conv_transpose2d": (lambda: nn.ConvTranspose2d(8, 4, 3, 2, 1, 1), [(1, 8, 5, 5)], ALL),
     "conv_transpose2d_k4s2": (lambda: nn.ConvTranspose2d(4, 8, 4, 2, 1, bias=False), [(1, 4, 6, 6)], ALL),
     "conv_transpose2d_s1": (lambda: nn.ConvTranspose2d(4, 4, 3, 1, 0), [(1, 4, 6, 6)], ALL),
+    # strides Ethos-U55's TRANSPOSE_CONV2D refuses: one stride-1 CONV2D per row phase there
+    "conv_transpose2d_s3": (lambda: nn.ConvTranspose2d(8, 4, 5, 3, 1, 2), [(1, 8, 5, 5)], ALL),
+    "conv_transpose2d_s3x2": (lambda: nn.ConvTranspose2d(4, 8, (3, 4), (3, 2), (2, 1), (1, 0)), [(1, 4, 4, 6)], ALL),
+    "conv_transpose2d_k2s3": (lambda: nn.ConvTranspose2d(4, 4, 2, 3, 0, 1), [(1, 4, 4, 5)], ALL),  # bias-only phases
     "matmul_2d": (MatMul, [(8, 16), (16, 4)], ALL),
     "matmul_3d_2d": (MatMul, [(2, 8, 16), (16, 4)], ALL),
     "bmm": (Bmm, [(2, 8, 16), (2, 16, 8)], ALL),
@@ -260,3 +264,37 @@ def test_conv_transpose2d_limits_refused_with_reason(harness, module, why):
     compiled = harness.compile(module.eval(), seed_inputs((1, 4, 5, 5)), "TOSA-1.0+FP", quantize=False)
     [left] = harness.cpu_compute(compiled)
     assert left.target == "aten.convolution.default" and why in left.reason
+
+
+PHASED = ["conv_transpose2d_s3", "conv_transpose2d_s3x2", "conv_transpose2d_k2s3"]
+
+
+def test_conv_transpose2d_stride3_delegated_on_u55(harness):
+    """Stride 3 on ethos-u55-128 runs whole on the NPU as one stride-1 CONV2D per row phase; Ethos-U85 keeps
+    its TRANSPOSE_CONV2D."""
+    module, inputs = _case("conv_transpose2d_s3")
+    u55 = harness.compile(module, inputs, "ethos-u55-128", quantize=True)
+    harness.assert_delegated(u55)
+    [delegate] = u55.edge.delegates
+    assert delegate.tosa_ops["CONV2D"] == 3 and "TRANSPOSE_CONV2D" not in delegate.tosa_ops
+    assert delegate.report.cpu_ops == 0
+    [u85] = harness.compile(module, inputs, "ethos-u85-256", quantize=True).edge.delegates
+    assert u85.tosa_ops["TRANSPOSE_CONV2D"] == 1 and "CONV2D" not in u85.tosa_ops
+
+
+@pytest.mark.parametrize("config", ["a8w8", "a16w8"])
+@pytest.mark.parametrize("name", PHASED)
+def test_conv_transpose2d_phases_equal_transpose_conv2d(harness, name, config):
+    """The sub-pixel form (TOSA-1.0+INT+u55) gives the integers TRANSPOSE_CONV2D (TOSA-1.0+INT) gives: the
+    same accumulator sums, the same RESCALE."""
+    from tosakit.quantize import get_symmetric_a16w8_quantization_config
+    from tosakit.runtime import run_edge
+
+    module, inputs = _case(name)
+    kw = {"config": get_symmetric_a16w8_quantization_config()} if config == "a16w8" else {}
+    plain, phased = (harness.compile(module, inputs, target, quantize=True, **kw)
+                     for target in ("TOSA-1.0+INT", "TOSA-1.0+INT+u55"))
+    assert "TRANSPOSE_CONV2D" in plain.edge.delegates[0].tosa_ops
+    assert "TRANSPOSE_CONV2D" not in phased.edge.delegates[0].tosa_ops
+    for a, b in zip(run_edge(plain.edge, *inputs), run_edge(phased.edge, *inputs)):
+        assert torch.equal(a, b)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from ...lower.rules.conv import u55_takes_transpose_stride
 from ...lower.tosa_graph import DType, EmittedOp, is_float
 
 Check = Callable[[EmittedOp], "str | None"]
@@ -105,10 +106,10 @@ def bias_int40(op: EmittedOp) -> str | None:
 
 
 def transpose_conv_strides(op: EmittedOp) -> str | None:
-    (kh, kw), stride, _ = _kernel_stride(op)
-    ih, iw = _shape(op)[1:3]
-    ok = stride in ((1, 1), (2, 2)) or (stride == (1, 2) and ih == kh == 1) or (stride == (2, 1) and iw == kw == 1)
-    return None if ok else f"stride {stride[0]}x{stride[1]} is not (1,1) or (2,2)"
+    kernel, stride, _ = _kernel_stride(op)
+    if u55_takes_transpose_stride(stride, _shape(op)[1:3], kernel):
+        return None
+    return f"stride {stride[0]}x{stride[1]} is not (1,1) or (2,2)"
 
 
 def argmax_limits(op: EmittedOp) -> str | None:

@@ -1,5 +1,6 @@
 """Convolution and linear layers: CONV2D / DEPTHWISE_CONV2D / TRANSPOSE_CONV2D, with int32 accumulators
-in INT; grouped convolution runs one CONV2D per group and a CONCAT."""
+in INT; grouped convolution runs one CONV2D per group and a CONCAT; a transposed convolution whose stride
+the target's TRANSPOSE_CONV2D refuses runs as stride-1 CONV2Ds, one per row phase (``subpixel``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch.fx import Node
 
 from ...quantize.qdq import QParams
 from ..lowering import Lowering, accumulator, is_constant, int_dtype, lowers, make_attr, tosa_pads
+from ..subpixel import AxisPhases, row_phase_weights
 from ..tosa_graph import NHWC, DType, Op, TosaGraph, Value
 from ..transpose import SWAPPABLE, TransposeCase, emit_transpose, transpose_case
 
@@ -189,6 +191,26 @@ def _stem_case(x: Value, w: torch.Tensor, stride, pads, dilation, integer: bool)
     return case if case.applies() else None
 
 
+_ATTRIBUTES = {Op.CONV2D: "Conv2dAttribute", Op.DEPTHWISE_CONV2D: "DepthwiseConv2dAttribute",
+               Op.TRANSPOSE_CONV2D: "TransposeConv2dAttribute"}
+
+
+def _emit_conv(ctx: Lowering, node: Node, op, x: Value, w_np: np.ndarray, b: torch.Tensor | None, w_scale,
+               window: list, out_shape) -> Value:
+    """One convolution ``op`` on NHWC ``x``: weights in the op's layout, its window attribute (pads, stride and
+    dilation as the op has them), the bias in the accumulator; the result requantized in INT, clamped if fused."""
+    integer = w_scale is not None
+    weight = ctx.g.const(np.ascontiguousarray(w_np), weight_dtype(integer))
+    acc_type = accumulator(x) if integer else DType.FP32
+    bias = _bias(ctx, b, out_shape[-1], x.q.s if integer else None, w_scale, acc_type)
+    zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
+    attr = make_attr(_ATTRIBUTES[op], *window, False, acc_type)
+    acc = ctx.emit(op, [x, weight, bias, *zps], out_shape, acc_type, order=NHWC, attr=attr, node=node)
+    if integer:
+        return _requant(ctx, acc, x.q.s, w_scale, node)
+    return ctx.fused_clamp(acc, node)
+
+
 def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, w_scale, stride, pad,
              dilation, depthwise: bool, out_hw) -> Value:
     """One CONV2D or DEPTHWISE_CONV2D on an NHWC value; returns the NHWC result (requantized in INT)."""
@@ -208,17 +230,8 @@ def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tens
         name, w_np, pads, stride = emit_stem(ctx.g, x.name, stem, form, w_np, loc)
         if form != "conv":  # the input is now the patches, [1, H/2, W/2, 4C]
             x = Value(name, (n, ih // 2, iw // 2, 4 * cin), x.dtype, NHWC, x.q)
-    weight = ctx.g.const(np.ascontiguousarray(w_np), DType.INT8 if integer else DType.FP32)
-    acc_type = accumulator(x) if integer else DType.FP32
-    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale, acc_type)
-    zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
-    kind = "DepthwiseConv2dAttribute" if depthwise else "Conv2dAttribute"
-    attr = make_attr(kind, pads, list(stride), list(dilation), False, acc_type)
     op = Op.DEPTHWISE_CONV2D if depthwise else Op.CONV2D
-    acc = ctx.emit(op, [x, weight, bias, *zps], (n, *out_hw, oc), acc_type, order=NHWC, attr=attr, node=node)
-    if integer:
-        return _requant(ctx, acc, x.q.s, w_scale, node)
-    return ctx.fused_clamp(acc, node)
+    return _emit_conv(ctx, node, op, x, w_np, b, w_scale, [pads, list(stride), list(dilation)], (n, *out_hw, oc))
 
 
 def _conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, stride, pad, dilation,
@@ -243,24 +256,66 @@ def _bias_tensor(ctx: Lowering, b_node) -> torch.Tensor | None:
     return None if b_node is None else ctx.constant(b_node)
 
 
+def u55_takes_transpose_stride(stride, in_hw, kernel) -> bool:
+    """Whether Ethos-U55/U65 run TRANSPOSE_CONV2D at ``stride`` (Vela 5.2): 1x1 and 2x2, 1x2 over one row of
+    input and kernel, 2x1 over one column."""
+    stride = tuple(stride)
+    return (stride in ((1, 1), (2, 2)) or (stride == (1, 2) and in_hw[0] == kernel[0] == 1)
+            or (stride == (2, 1) and in_hw[1] == kernel[1] == 1))
+
+
 def _transpose_conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, stride, pad,
                       output_padding, out_nchw) -> Value:
-    """TRANSPOSE_CONV2D: torch's padding crops both sides, output_padding extends the far side."""
+    """TRANSPOSE_CONV2D: torch's padding crops both sides, output_padding extends the far side. Where the target
+    refuses the stride (Ethos-U55/U65 beyond 2x2), the sub-pixel form instead."""
     x = ctx.nhwc(x)
+    if ctx.spec.is_u55_subset and not u55_takes_transpose_stride(stride, x.shape[1:3], w.shape[2:]):
+        return _transpose_conv_phases(ctx, node, x, w, b, stride, pad, out_nchw)
     oc = w.shape[1]
-    w_scale = _weight_scale(node, 0, oc)
-    integer = w_scale is not None
-    weight = ctx.g.const(np.ascontiguousarray(w.numpy().transpose(1, 2, 3, 0)), weight_dtype(integer))  # IOHW -> OHWI
-    acc_type = accumulator(x) if integer else DType.FP32
-    bias = _bias(ctx, b, oc, x.q.s if integer else None, w_scale, acc_type)
     out_pad = [-pad[0], -pad[0] + output_padding[0], -pad[1], -pad[1] + output_padding[1]]
-    zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
-    attr = make_attr("TransposeConv2dAttribute", out_pad, list(stride), False, acc_type)
     shape = (out_nchw[0], out_nchw[2], out_nchw[3], oc)
-    acc = ctx.emit(Op.TRANSPOSE_CONV2D, [x, weight, bias, *zps], shape, acc_type, order=NHWC, attr=attr, node=node)
-    if integer:
-        return _requant(ctx, acc, x.q.s, w_scale, node)
-    return ctx.fused_clamp(acc, node)
+    return _emit_conv(ctx, node, Op.TRANSPOSE_CONV2D, x, w.numpy().transpose(1, 2, 3, 0), b,  # IOHW -> OHWI
+                      _weight_scale(node, 0, oc), [out_pad, list(stride)], shape)
+
+
+def _transpose_conv_phases(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, stride,
+                           pad, out_nchw) -> Value:
+    """A transposed convolution as one stride-1 CONV2D per row phase, each computing every column phase as
+    channels, joined by ``_interleave``: the same accumulators and RESCALE as TRANSPOSE_CONV2D."""
+    rows = AxisPhases(x.shape[1], w.shape[2], stride[0], pad[0], out_nchw[2])
+    cols = AxisPhases(x.shape[2], w.shape[3], stride[1], pad[1], out_nchw[3])
+    parts = [_row_phase(ctx, node, x, w, b, rows, cols, py) for py in range(rows.stride)]
+    return _interleave(ctx, node, parts, rows, cols, w.shape[1])
+
+
+def _row_phase(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, rows: AxisPhases,
+               cols: AxisPhases, phase: int) -> Value:
+    """Row ``phase`` of the output, [N, rows.steps, cols.steps, cols.stride x C]: a stride-1 CONV2D over the input
+    rows and columns it reads (a SLICE when that is not all of them)."""
+    n, _, _, cin = x.shape
+    (top, height, pad_top, pad_bottom), (left, width, pad_left, pad_right) = (
+        rows.crop(rows.window([phase])), cols.crop(cols.window(range(cols.stride))))
+    if (height, width) != x.shape[1:3]:
+        x = ctx.slice(x, [0, top, left, 0], [n, height, width, cin])
+    w_scale = _weight_scale(node, 0, w.shape[1])
+    if np.size(w_scale) > 1:  # per channel: the same scales for each column phase
+        w_scale = np.tile(w_scale, cols.stride)
+    bias = None if b is None else b.repeat(cols.stride)
+    shape = (n, rows.steps, cols.steps, cols.stride * w.shape[1])
+    return _emit_conv(ctx, node, Op.CONV2D, x, row_phase_weights(w.numpy(), rows, cols, phase), bias, w_scale,
+                      [[pad_top, pad_bottom, pad_left, pad_right], [1, 1], [1, 1]], shape)
+
+
+def _interleave(ctx: Lowering, node: Node, parts: list[Value], rows: AxisPhases, cols: AxisPhases, oc: int) -> Value:
+    """The row phases' [N, A, B, sx*C] results (column phases side by side in the channels) as the NHWC output:
+    CONCAT along W, which Vela writes in place, gives [N, A, sy*B, sx*C], the bytes of [N, A*sy, B*sx, C]; a SLICE
+    drops what the last phases computed past the output."""
+    n, a, b, _ = parts[0].shape
+    joined = parts[0] if len(parts) == 1 else concat(ctx, parts, 2, node)
+    y = ctx.relayout(joined, (n, a * rows.stride, b * cols.stride, oc), NHWC, node)
+    if (rows.out, cols.out) == y.shape[1:3]:
+        return y
+    return ctx.slice(y, [0, 0, 0, 0], [n, rows.out, cols.out, oc])
 
 
 @lowers(aten.convolution.default, int16=True, check=_conv_check)
