@@ -316,30 +316,60 @@ def zoo(args) -> None:
 
 
 def llm(args) -> None:
-    """SmolLM2-135M's prompt pass (32 int8 tokens, random weights) on ethos-u85-256 as ExecuTorch's Arm backend
-    tests it (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB): compile seconds, CPU ops, cycles for the prompt and
-    per token, the memory it needs."""
-    from tosakit.flow import compile
-    from tosakit.specs import EthosUCompileSpec
-    from tosakit.zoo import load_model
+    """SmolLM2-135M's shape (random weights) on ethos-u85-256 as ExecuTorch's Arm backend tests it
+    (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB), int8, with a 64-position KV cache: a 32-token prefill program
+    and a one-token decode program, compiled and written; prefill and 8 decode steps run from the .pte files on
+    the host (the command streams simulated) against the fake-quantized models; cycles per call and per decode
+    token, the memory each needs."""
+    import torch
 
-    _, module, inputs = load_model("hf:HuggingFaceTB/SmolLM2-135M")
+    from tosakit.generate import compile_decoder, generate
+    from tosakit.runtime import Limits, load
+    from tosakit.runtime.pools import runner_memory
+    from tosakit.specs import EthosUCompileSpec
+    from tosakit.zoo.field import hf_decoder
+
+    steps, model = 8, hf_decoder("hf:HuggingFaceTB/SmolLM2-135M")
+    prompt = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0),
+                           dtype=torch.int32)
     spec = EthosUCompileSpec("ethos-u85-256", system_config="Ethos_U85_SYS_DRAM_Mid",
                              memory_mode="Dedicated_Sram_384KB")
     start = time.perf_counter()
-    compiled = compile(module, inputs, spec, quantize=True)
+    (OUT / "llm").mkdir(parents=True, exist_ok=True)
+    programs = compile_decoder(model, prompt, spec, OUT / "llm", steps=steps)
     seconds = time.perf_counter() - start
-    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
-    reports = [d.report for d in compiled.edge.delegates]
-    figures, tokens = Figures.of(reports, seconds, len(cpu)), inputs[0].shape[1]
-    print(f"SmolLM2-135M prompt pass, {tokens} tokens, int8, ethos-u85-256 Dedicated_Sram_384KB")
-    print(f"  compile {seconds:.1f} s; {len(compiled.edge.delegates)} delegate(s); CPU compute ops {len(cpu)}")
-    print(f"  cycles {figures.cycles:,} ({figures.cycles / tokens:,.0f} per token; "
-          f"{1e3 * sum(r.inference_time_s for r in reports):.2f} ms at the NPU clock); MAC utilisation "
-          f"{100 * figures.utilisation:.1f}%")
-    print(f"  SRAM {figures.sram / 1024:.0f} KiB; off-chip {figures.offchip / 2**20:.1f} MiB (encoded weights "
-          f"{sum(r.weights_encoded_bytes for r in reports) / 2**20:.1f} MiB); bound by "
-          + ", ".join(f"{k} {100 * v:.0f}%" for r in reports for k, v in r.bound_by.items()))
+    print(f"SmolLM2-135M shape, int8, ethos-u85-256 Dedicated_Sram_384KB: prefill {prompt.shape[1]} tokens, "
+          f"decode 1 token, KV cache {model.config.max_positions} positions; both compiled in {seconds:.0f} s")
+    for which in ("prefill", "decode"):
+        compiled = getattr(programs, which)
+        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        reports = [d.report for d in compiled.edge.delegates]
+        figures = Figures.of(reports, seconds, len(cpu))
+        loaded = load(programs.paths[which])
+        pools = runner_memory(loaded.program, loaded.segments, loaded.plan())
+        per = f" ({figures.cycles / prompt.shape[1]:,.0f} per token)" if which == "prefill" else " per token"
+        print(f"  {which}: {len(compiled.edge.delegates)} delegate(s), CPU compute ops {len(cpu)}; cycles "
+              f"{figures.cycles:,}{per}, {1e3 * sum(r.inference_time_s for r in reports):.2f} ms at the NPU clock; "
+              f"MAC utilisation {100 * figures.utilisation:.1f}%; bound by "
+              + ", ".join(f"{k} {100 * v:.0f}%" for r in reports for k, v in r.bound_by.items()))
+        print(f"    SRAM {figures.sram / 1024:.0f} KiB; encoded weights "
+              f"{sum(r.weights_encoded_bytes for r in reports) / 2**20:.1f} MiB; .pte "
+              f"{programs.paths[which].stat().st_size / 2**20:.1f} MiB; Ethos-U scratch "
+              f"{sum(d.scratch or 0 for d in pools.delegates) / 2**20:.2f} MiB; runner method pool "
+              f"{pools.runner_method_pool / 1024:.0f} KiB, temp pool {pools.temp_pool / 2**20:.2f} MiB")
+    start = time.perf_counter()
+    want, want_logits = generate(programs.fake_quant_step(), model, prompt, steps)
+    reference_s = time.perf_counter() - start
+    start = time.perf_counter()
+    limits = Limits(max_memory=12 << 30, timeout=3600.0)
+    got, got_logits = generate(programs.program_step(engine="npu", limits=limits), model, prompt, steps)
+    run_s = time.perf_counter() - start
+    scale = [programs.logits_step("prefill")] + [programs.logits_step("decode")] * steps
+    diffs = [float((g - w).abs().max()) / s for g, w, s in zip(got_logits, want_logits, scale)]
+    print(f"  generation, prefill + {steps} decode steps from the .pte files (simulated, {run_s:.0f} s) vs the "
+          f"fake-quantized models ({reference_s:.0f} s): tokens {'equal' if got == want else 'DIFFER'} {got}; "
+          f"logits equal in {sum(d == 0 for d in diffs)} of {len(diffs)} calls, at most {max(diffs):.0f} step(s) "
+          "apart")
 
 
 def hostile(args) -> None:

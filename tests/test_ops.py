@@ -205,26 +205,27 @@ def test_quantized_softmax_runs_on_the_npu(harness):
     harness.assert_checks(compiled, seed_inputs((1, 16)))
 
 
-class Cumsum(nn.Module):
-    """A float op no target lowers (cumulative sum), between quantized layers."""
+class Atan2(nn.Module):
+    """A float op no target lowers (atan2), between quantized layers."""
 
     def __init__(self):
         super().__init__()
         self.first, self.second = nn.Linear(16, 8), nn.Linear(8, 4)
 
     def forward(self, x):
-        return self.second(torch.cumsum(self.first(x), dim=-1))
+        y = self.first(x)
+        return self.second(torch.atan2(y, y + 3))
 
 
 def test_op_without_lowering_runs_on_cpu_between_delegates(harness, tmp_path, et_oracle):
     """The rest is delegated, the op runs on the CPU between dequantize and quantize, the report says
     why, and the mixed program loads in the ExecuTorch runtime."""
     inputs = seed_inputs((1, 16))
-    compiled = harness.compile(Cumsum().eval(), inputs, "ethos-u55-128", quantize=True)
+    compiled = harness.compile(Atan2().eval(), inputs, "ethos-u55-128", quantize=True)
     [left] = harness.cpu_compute(compiled)
-    assert left.target == "aten.cumsum.default" and left.reason == "no TOSA lowering for aten.cumsum.default"
+    assert left.target == "aten.atan2.default" and left.reason == "no TOSA lowering for aten.atan2.default"
     assert len(compiled.edge.delegates) == 2
-    assert "aten::cumsum.out" in compiled.program.emitted.kernel_ops
+    assert "aten::atan2.out" in compiled.program.emitted.kernel_ops
     harness.assert_checks(compiled, inputs)
     path = tmp_path / "mixed.pte"
     compiled.program.save(path)

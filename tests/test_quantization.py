@@ -176,6 +176,25 @@ def test_a16w8_lowers_with_int16_on_both_npus():
         assert parse_payload(blob).inputs[0].elem_size == 2  # int16 activations enter the NPU
 
 
+class AddConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.linspace(-1, 1, 8))
+
+    def forward(self, x):
+        return x + self.offset
+
+
+def test_a16w8_constant_operand_is_an_activation_not_a_weight():
+    """A constant added to an activation is quantized as an activation (int16 in a16w8): only a convolution's or
+    linear's weight must be int8, so the add lowers whole instead of being refused."""
+    inputs = (torch.randn(2, 8),)
+    compiled = compile(AddConstant().eval(), inputs, "ethos-u55-128", quantize=True,
+                       config=get_symmetric_a16w8_quantization_config())
+    [delegate] = compiled.edge.delegates
+    assert delegate.report.cpu_ops == 0 and delegate.tosa_ops["ADD"] == 1
+
+
 def test_set_io_integer_io_in_the_tutorial_flow():
     """The seed's flow with ``set_io(config, integer_io=True)``: the partitioner sees the same compile spec,
     so the program is one delegate call taking and returning int8."""

@@ -447,11 +447,56 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _add_limits(p) -> None:
-    p.add_argument("--max-memory", "--max_memory", type=_bytes, default=1 << 30, metavar="SIZE",
-                   help="refuse a program that needs more memory than this (default 1G; e.g. 512M, 4G)")
+def _add_limits(p, memory: str = "1G") -> None:
+    p.add_argument("--max-memory", "--max_memory", type=_bytes, default=_bytes(memory), metavar="SIZE",
+                   help=f"refuse a program that needs more memory than this (default {memory}; e.g. 512M, 4G)")
     p.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
                    help="stop a run that takes longer (default 600)")
+
+
+def _cmd_generate(args) -> int:
+    """A decoder's prefill and decode programs, written; greedy tokens from them on the host vs the
+    fake-quantized models; Vela's cycles per call."""
+    import torch
+
+    from .generate import compile_decoder, generate
+    from .specs import compile_spec_for_target
+    from .zoo.field import hf_decoder
+
+    progress = Progress(args.quiet)
+    spec = compile_spec_for_target(args.target, args.system_config, args.memory_mode)
+    if args.prompt_length < 1 or args.steps < 0:
+        raise TosakitError("--prompt-length must be at least 1 and --steps at least 0", "give positive counts")
+    positions = args.max_positions or args.prompt_length + args.steps
+    model = hf_decoder(args.model_name, args.layers, positions)
+    folder = Path(args.output or f"{args.model_name.rsplit('/', 1)[-1]}_{args.target}")
+    if folder.exists() and not folder.is_dir():
+        raise TosakitError(f"-o {folder} is a file, not a folder", "name a folder for prefill.pte and decode.pte")
+    folder.mkdir(parents=True, exist_ok=True)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_length),
+                           generator=torch.Generator().manual_seed(args.seed), dtype=torch.int32)
+    c = model.config
+    progress.step(f"compiling {args.model_name} ({c.num_hidden_layers} layers, random weights) for {spec.target_name}: "
+                  f"prefill {args.prompt_length} tokens and decode 1, KV cache {positions} positions")
+    start = time.perf_counter()
+    programs = compile_decoder(model, prompt, spec, folder, steps=args.steps)
+    for which in ("prefill", "decode"):
+        compiled = getattr(programs, which)
+        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        print(f"{which}: {programs.paths[which]}, {len(compiled.edge.delegates)} delegate(s), {len(cpu)} CPU compute "
+              f"op(s), {programs.cycles(which):,} cycles per call")
+    print(f"compiled in {time.perf_counter() - start:.1f} s")
+    progress.step(f"generating: prefill and {args.steps} decode steps from the .pte files, and from the "
+                  "fake-quantized models")
+    want, _ = generate(programs.fake_quant_step(), model, prompt, args.steps)
+    got, _ = generate(programs.program_step(limits=_limits(args)), model, prompt, args.steps)
+    print(f"tokens from the programs:           {got}")
+    print(f"tokens from the fake-quantized models: {want}")
+    if got != want:
+        print("the programs' tokens differ from the fake-quantized models'")
+        return 1
+    print(f"equal: {len(got)} tokens")
+    return 0
 
 
 def _cmd_inspect(args) -> int:
@@ -585,6 +630,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse to run unless a temp allocator pool of this size serves every instruction")
     _add_limits(r)
     r.set_defaults(func=_cmd_run)
+    g = sub.add_parser("generate", help="a decoder LLM (KV cache) as prefill and decode programs; greedy tokens "
+                                        "from the .pte files on the host vs the fake-quantized models")
+    g.add_argument("-m", "--model_name", "--model-name", default="hf:HuggingFaceTB/SmolLM2-135M",
+                   help="a Llama-architecture configuration (random weights), e.g. hf:HuggingFaceTB/SmolLM2-135M")
+    g.add_argument("-t", "--target", default="ethos-u85-256", help=f"one of: {', '.join(ALL_TARGETS)}")
+    g.add_argument("--layers", type=int, help="build only this many of the model's layers (a quick run)")
+    g.add_argument("--prompt-length", "--prompt_length", type=int, default=32, help="prefill tokens (default 32)")
+    g.add_argument("--steps", type=int, default=8, help="decode steps after the prompt (default 8)")
+    g.add_argument("--max-positions", "--max_positions", type=int,
+                   help="KV cache positions (default: prompt length + steps)")
+    g.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
+    g.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    g.add_argument("-o", "--output", help="folder for prefill.pte and decode.pte (default <model>_<target>)")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    _add_limits(g, memory="12G")  # a 135M-parameter decoder's simulation
+    g.set_defaults(func=_cmd_generate)
     i = sub.add_parser("inspect", help="describe a .pte: methods, I/O, kernels, delegates, memory")
     i.add_argument("pte")
     i.add_argument("--commands", action="store_true",

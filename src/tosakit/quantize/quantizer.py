@@ -126,7 +126,11 @@ def _act_inputs(config: QuantizationConfig, *nodes) -> dict:
 # ------------------------------------------------------------------ rules
 
 
-@annotates(aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding, aten.convolution.default, aten.linear.default)
+WEIGHT_OPS = (aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding, aten.convolution.default,
+              aten.linear.default, aten.conv_transpose2d.input)  # argument 1 is a weight
+
+
+@annotates(*WEIGHT_OPS[:-1])
 def _conv(node: Node, config: QuantizationConfig) -> None:
     x, w = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else None
@@ -907,8 +911,9 @@ class TOSAQuantizer(Quantizer):
 
 
 def _is_weight(node: Node, inp: Node) -> bool:
-    """``inp`` is the weight operand of a convolution or linear ``node``."""
-    return len(node.args) > 1 and node.args[1] is inp
+    """``inp`` is the weight operand of a convolution or linear ``node`` (a constant added or multiplied is an
+    activation)."""
+    return node.target in WEIGHT_OPS and len(node.args) > 1 and node.args[1] is inp
 
 
 def calibrate(prepared: GraphModule, samples: Iterable, progress: bool | None = None) -> int:

@@ -144,6 +144,30 @@ def _hf(name: str) -> tuple[torch.nn.Module, tuple]:
     return _Logits(model), spec.inputs(spec.config)
 
 
+_DECODER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads", "rope_theta", "rms_norm_eps")
+
+
+def hf_decoder(spec: str, layers: int | None = None, max_positions: int = 64, seed: int = 0):
+    """``hf:ORG/NAME`` (a Llama-architecture configuration tosakit knows) as a ``zoo.decoder.Decoder`` with a KV
+    cache of ``max_positions``, ``layers`` of its layers when given; seeded random weights."""
+    from .decoder import Decoder, DecoderConfig
+
+    source, _, name = spec.partition(":")
+    llama = [n for n, m in HF_MODELS.items() if m.config_class == "LlamaConfig"]
+    if source != "hf" or name not in llama:
+        raise TosakitError(f"{spec!r} is not a decoder tosakit builds with a KV cache",
+                           f"give one of: {', '.join('hf:' + n for n in llama)}")
+    config = {k: HF_MODELS[name].config[k] for k in _DECODER_FIELDS}
+    if layers is not None:
+        if not 1 <= layers <= config["num_hidden_layers"]:
+            raise TosakitError(f"--layers {layers}: {name} has {config['num_hidden_layers']} layers",
+                               f"give 1..{config['num_hidden_layers']}")
+        config["num_hidden_layers"] = layers
+    torch.manual_seed(seed)
+    return Decoder(DecoderConfig(**config, max_positions=max_positions)).eval()
+
+
 SOURCES: dict[str, Callable[[str], tuple[torch.nn.Module, tuple]]] = {
     "torchvision": _torchvision, "timm": _timm, "hf": _hf}
 
