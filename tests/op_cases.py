@@ -50,7 +50,8 @@ class OpTable:
 # The networks ExecuTorch's Arm backend tests end to end, in the zoo for test_zoo's four flavours, the simulator
 # (test_ethosu_sim) and ExecuTorch's runtime (test_cpu_programs). The other whole-model sweeps (run and verify,
 # NPU engine, per-operation checks, ExecuTorch's own export) run the zoo's original models, whose ops these share.
-EXECUTORCH_TESTED = {"ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "wav2letter", "conformer", "crnn"}
+EXECUTORCH_TESTED = {"ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "wav2letter", "conformer", "crnn",
+                     "yolo"}
 
 
 def sweep_models() -> list[str]:

@@ -230,3 +230,27 @@ def test_op_without_lowering_runs_on_cpu_between_delegates(harness, tmp_path, et
     path = tmp_path / "mixed.pte"
     compiled.program.save(path)
     assert et_oracle.load(path) == ["forward"]
+
+
+class Sigmoid(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x)
+
+
+def test_a_lowering_rule_fault_names_the_node(monkeypatch):
+    """A rule's own bug (an AttributeError deep in it) surfaces as one error naming the node and its source line,
+    not as a traceback."""
+    from tosakit.errors import TosakitError
+    from tosakit.flow import compile
+    from tosakit.lower import lowering
+
+    sigmoid = torch.ops.aten.sigmoid.default
+    rule = lowering.RULES[sigmoid]
+
+    def broken(ctx, node):
+        raise AttributeError("'NoneType' object has no attribute 'zp'")
+
+    monkeypatch.setitem(lowering.RULES, sigmoid, lowering.Rule(rule.target, broken, rule.support))
+    with pytest.raises(TosakitError, match=r"internal error lowering aten\.sigmoid\.default \(node sigmoid, .*"
+                                           r"test_ops\.py:\d+\) for TOSA-1\.0\+FP: AttributeError"):
+        compile(Sigmoid().eval(), (torch.randn(1, 4),), "TOSA-1.0+FP")

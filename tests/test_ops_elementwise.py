@@ -18,6 +18,9 @@ ALL = ("fp", "int", "u55", "u85")
 NOT_U55 = ("fp", "int", "u85")  # needs EQUAL/GREATER/SELECT/LOGICAL_*: U55 refusal tested instead
 
 
+ANCHORS = torch.tensor([[10, 13], [16, 30], [33, 23]]).view(1, 3, 1, 2)  # YOLO's, an int tensor
+
+
 def _case(fn, shapes=((1, 4, 5, 5),), flavours=ALL, positive=False):
     return fn, shapes, flavours, positive
 
@@ -57,6 +60,7 @@ CASES = {
     "full": _case(lambda x: x + torch.full((1, 4, 1, 1), 0.5)),
     "ones_like": _case(lambda x: x * torch.ones_like(x) + torch.zeros(5)),
     "clone": _case(lambda x: torch.sigmoid(x).clone()),
+    "mul_int_constant": _case(lambda x: x * ANCHORS, ((1, 3, 4, 2),)),  # int64 anchors, promoted as PyTorch does
     # comparisons, logic, selection (bool results feed a select, as models use them)
     "gt_where": _case(lambda x, y: torch.where(x > y, x, y), ((1, 4, 5, 5), (1, 4, 5, 5)), NOT_U55),
     "lt_where": _case(lambda x, y: torch.where(x < y, x, y), ((2, 8), (2, 8)), NOT_U55),

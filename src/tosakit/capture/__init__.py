@@ -105,6 +105,35 @@ def fold_constants(gm: GraphModule) -> GraphModule:
     return gm
 
 
+# Arithmetic whose integer constant operand PyTorch promotes to the float result's dtype.
+_PROMOTING = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.maximum.default,
+              aten.minimum.default, aten.where.self}
+
+
+def promote_constants(gm: GraphModule) -> GraphModule:
+    """An integer constant in float arithmetic (YOLO anchors as an int tensor) becomes the float constant PyTorch's
+    type promotion computes with, so it is quantized and lowered like any float operand."""
+    for node in list(gm.graph.nodes):
+        out = node.meta.get("val")
+        if node.op != "call_function" or node.target not in _PROMOTING or not isinstance(out, torch.Tensor) \
+                or not out.dtype.is_floating_point:
+            continue
+        for arg in node.args:
+            val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" else None
+            if isinstance(val, torch.Tensor) and not val.dtype.is_floating_point and val.dtype != torch.bool:
+                value = graph_attr(gm, arg).to(out.dtype)
+                name = f"_tosakit_promoted_{arg.name}"
+                if not hasattr(gm, name):
+                    gm.register_buffer(name, value)
+                with gm.graph.inserting_before(node):
+                    const = gm.graph.get_attr(name)
+                const.meta = {**arg.meta, "val": value}
+                node.replace_input_with(arg, const)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> ExportedProgram:
     """``torch.export.export`` with a clear error when the model cannot be captured."""
     if not isinstance(example_inputs, tuple):

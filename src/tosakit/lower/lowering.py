@@ -481,7 +481,14 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False,
                 raise UnsupportedOpError(f"cannot lower {describe(node)} for {spec}: {reason}",
                                          "leave it to the CPU (partitioner) or file an issue with the model")
             ctx.current = node
-            ctx.values[node] = ctx.requantize(RULES[node.target].lower(ctx, node), node)
+            try:
+                ctx.values[node] = ctx.requantize(RULES[node.target].lower(ctx, node), node)
+            except (TosakitError, MemoryError):
+                raise
+            except Exception as exc:  # a rule's own fault: name the node rather than show a deep traceback
+                raise TosakitError(f"internal error lowering {describe(node)} for {spec}: {type(exc).__name__}: "
+                                   f"{exc}", "please report it with the model; meanwhile compile without "
+                                   "--delegate, or rewrite that line") from exc
     ctx.current = None
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     used = {i.name for i in inputs}

@@ -7,7 +7,7 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
-from ..capture import fold_constants
+from ..capture import fold_constants, promote_constants
 from ..capture import graph_attr as _get_attr
 from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
 from .lowering import folds_to_integer
@@ -291,8 +291,8 @@ def quantized_io(gm: GraphModule) -> GraphModule:
 
 
 # What runs before partitioning (whole program) and inside each partition before lowering.
-PROGRAM_PIPELINE = [remove_noops, fold_constants, remove_requantize_noops, remove_safe_softmax_guard,
-                    fold_batch_norm, requantize_around_data_movement, duplicate_dequantize]
+PROGRAM_PIPELINE = [remove_noops, fold_constants, promote_constants, remove_requantize_noops,
+                    remove_safe_softmax_guard, fold_batch_norm, requantize_around_data_movement, duplicate_dequantize]
 PARTITION_PIPELINE = [fuse_integer_activations, fold_quantize_dequantize]
 
 

@@ -21,7 +21,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from ..capture import fold_constants
+from ..capture import fold_constants, promote_constants
 from ..capture import graph_attr as _param
 from ..errors import TosakitError
 from ..specs import ArmCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec, require_spec
@@ -849,7 +849,7 @@ class TOSAQuantizer(Quantizer):
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         """Prepare the graph for annotation: constants folded, in-place ops functional, scalar operands tensors."""
-        model = _decompose_var(_drop_same_dtype_casts(fold_constants(_functional(model))))
+        model = _decompose_var(_drop_same_dtype_casts(promote_constants(fold_constants(_functional(model)))))
         return _scalar_to_tensor(_elementwise_for_annotation(_layers_for_annotation(model, self.config_for)))
 
     def config_for(self, node: Node) -> QuantizationConfig | None:

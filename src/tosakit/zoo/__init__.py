@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 
 from ..errors import TosakitError, did_you_mean, first_line
-from . import (audio, field, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, speech, tiny, trained,
-               transformer, tutorial)
+from . import (audio, detection, field, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, speech, tiny,
+               trained, transformer, tutorial)
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ MODELS: dict[str, ZooModel] = {
                  "1-D convolutions, log-softmax"),
         ZooModel("conformer", speech.conformer, "2-layer Conformer encoder (torchaudio's layout), 2 sequences of up "
                  "to 24 frames with their lengths"),
+        ZooModel("yolo", detection.tiny_yolo, "YOLO-style detector (128x128, 4 classes): SiLU backbone, nearest-upsample "
+                 "neck, two heads decoded to boxes (sigmoid, grid, anchors)"),
         ZooModel("digits", trained.digits, "small CNN trained (in seconds) on scikit-learn's 8x8 digits",
                  trained.digits_data),
         ZooModel("waves", trained.waves, "1-D conv net trained on synthetic noisy waveforms (5 classes)",
