@@ -174,3 +174,23 @@ def test_run_refuses_a_temp_pool_too_small(programs, capsys):
     err = capsys.readouterr().err
     assert f"temp allocator pool of {need - 1} bytes is too small" in err and f"takes {need} bytes" in err
     assert main(["run", str(pte), "--random", "--temp-pool", str(need)]) == 0
+
+
+def test_compile_states_the_fast_scratch_the_stream_addresses(tmp_path, capsys):
+    """Dedicated_Sram: the fast scratch the compile summary states is the span of region 2 the command stream
+    addresses when it runs (the simulator's figure), not a guess."""
+    from conftest import ethosu_delegates, npu_inputs
+
+    from tosakit.flow import compile
+    from tosakit.runtime.ethosu.simulate import simulate
+    from tosakit.specs import EthosUCompileSpec
+    from tosakit.zoo import MODELS
+
+    model, inputs = MODELS["digits"].factory()
+    compiled = compile(model, inputs, EthosUCompileSpec("ethos-u85-256", memory_mode="Dedicated_Sram"), quantize=True)
+    [(tosa, payload)] = ethosu_delegates(compiled)
+    addressed = simulate(payload, npu_inputs(payload, 0, tosa)).fast_scratch_bytes
+    assert addressed > 0
+    assert main(["compile", "-q", "-m", "digits", "-t", "ethos-u85-256", "--memory-mode", "Dedicated_Sram",
+                 "--delegate", "--quantize", "-o", str(tmp_path / "d.pte")]) == 0
+    assert f"fast scratch: {addressed} B of SRAM the runner lends this delegate" in capsys.readouterr().out

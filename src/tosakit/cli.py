@@ -310,6 +310,9 @@ def summary(output: Path, edge, program, seconds: float) -> str:
                 lines.append("  cycles bound by: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r.bound_by.items()))
             if r.memory_hint:
                 lines.append(f"  hint: {r.memory_hint}")
+            if r.memory_mode.startswith("Dedicated_Sram"):  # the SRAM Vela plans is region 2, the runner's to lend
+                lines.append(f"  fast scratch: {r.sram_used_bytes} B of SRAM the runner lends this delegate "
+                             "(ET_ARM_BAREMETAL_FAST_SCRATCH_TEMP_ALLOCATOR_POOL_SIZE)")
     for p in on_cpu:
         where = f" [{p.source}]" if p.source else ""
         lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{where}")

@@ -276,8 +276,8 @@ def _delegate(program: S.Program, segments: list[bytes], index: int, d: S.Backen
     flags = next((s.value.decode(errors="replace") for s in d.compile_specs if s.key == "compile_flags"), "")
     mode = next((f.split("=", 1)[1] for f in flags.split() if f.startswith("--memory-mode=")), None)
     if mode is not None and mode.startswith("Dedicated_Sram"):
-        fast = (f"a separate SRAM region (memory mode {mode}): as much as the command stream addresses, which "
-                "the payload does not state and only a run tells (`tosakit run` simulates the stream)")
+        fast = (f"a separate SRAM region (memory mode {mode}): the span the command stream addresses, which the "
+                "payload does not state; it is Vela's SRAM figure, which `tosakit compile` prints as the fast scratch")
     else:
         fast = f"none (memory mode {mode or 'unstated'}: no separate fast-scratch region)"
     return DelegateMemory(index, d.id, parse_payload(delegate_payload(program, segments, d)).scratch_size, fast)
