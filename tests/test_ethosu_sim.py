@@ -4,6 +4,7 @@ compiled by Vela and run by the simulator from the payload's bytes (command stre
 from __future__ import annotations
 
 import importlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ from torch import nn
 
 from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, ethosu_delegates, npu_inputs
 from tosakit.errors import TosakitError
-from tosakit.flow import compile
+from tosakit.capture import export
+from tosakit.flow import compile, partitioner_for, quantize_model
+from tosakit.program import to_edge_transform_and_lower
 from tosakit.runtime.ethosu import npu, weights
 from tosakit.runtime.ethosu.codec import CODEC
 from tosakit.runtime.ethosu.commands import decode, disassemble
@@ -31,13 +34,32 @@ CONFIGS = [("ethos-u55-128", "Shared_Sram"), ("ethos-u55-128", "Sram_Only"), ("e
            ("ethos-u55-256", None), ("ethos-u65-256", "Dedicated_Sram")]
 
 
-def delegates(model: nn.Module, inputs: tuple, target="ethos-u55-128", memory_mode=None, **options):
-    """(TOSA, parsed payload) of each Ethos-U delegate of ``model`` compiled int8 for ``target``."""
+_QUANTIZED: dict[tuple[str, str], torch.fx.GraphModule] = {}  # a model quantized once per TOSA profile
+
+
+def delegates(model: nn.Module, inputs: tuple, target="ethos-u55-128", memory_mode=None, key: str | None = None,
+              **options):
+    """(TOSA, parsed payload) of each Ethos-U delegate of ``model`` compiled int8 for ``target``; with ``key`` (a
+    model's name), quantized once for all configurations of one TOSA profile (the quantizer reads the profile,
+    not the configuration) and only lowered and compiled per configuration."""
     torch.manual_seed(0)
     spec = EthosUCompileSpec(target, memory_mode=memory_mode)
-    found = ethosu_delegates(compile(model.eval(), inputs, spec, quantize=True, calibration=[inputs], **options))
+    if key is None or options:
+        compiled = compile(model.eval(), inputs, spec, quantize=True, calibration=[inputs], **options)
+    else:
+        profile = (key, str(spec.tosa_spec))
+        if profile not in _QUANTIZED:
+            _QUANTIZED[profile] = quantize_model(model.eval(), inputs, spec, calibration=[inputs])
+        compiled = lowered(_QUANTIZED[profile], inputs, spec)
+    found = ethosu_delegates(compiled)
     assert found, "nothing was delegated"
     return found
+
+
+def lowered(quantized, inputs: tuple, spec) -> SimpleNamespace:
+    """A quantized model partitioned, lowered and compiled for ``spec`` (what ``ethosu_delegates`` reads)."""
+    edge = to_edge_transform_and_lower(export(quantized, inputs), partitioner=[partitioner_for(spec)])
+    return SimpleNamespace(edge=edge)
 
 
 def assert_bit_exact(model, inputs, target="ethos-u55-128", memory_mode=None, **options):
@@ -249,7 +271,7 @@ def test_elementwise_u55(name):
 _SMALL = ["add", "add3", "softmax", "digits", "waves", "audio1d", "lstm"]
 # Models whose streams hold no command the others' do not (1-D convolutions, unrolled recurrences, attention), and
 # slow to simulate: run on each family's first configuration, not on every one.
-_FIRST_CONFIG_ONLY = {"wav2letter", "conformer", "crnn"}
+_FIRST_CONFIG_ONLY = {"wav2letter", "conformer", "crnn", "yolo"}
 
 
 def _model_configs(configs):
@@ -263,7 +285,7 @@ def _model_configs(configs):
 def test_builtin_model_u55(model_name, target, memory_mode):
     """Every built-in model, int8, simulated from its payload: the reference model's outputs bit for bit."""
     model, inputs = MODELS[model_name].factory()
-    found = delegates(model, inputs, target, memory_mode)
+    found = delegates(model, inputs, target, memory_mode, key=model_name)
     for tosa, payload in found:
         assert_npu_bit_exact(tosa, payload, seeds=(0,))
 
@@ -304,11 +326,11 @@ def test_op_case_every_configuration(op_table, name):
     """Each op-table case the U55 takes, compiled for the other four configurations, simulated bit for bit
     (or differing exactly where NPU_DIFFERENCES pins it)."""
     module, inputs = op_table.build(name)
+    torch.manual_seed(0)
+    quantized = quantize_model(module, inputs, EthosUCompileSpec("ethos-u55-64"))  # one profile for U55 and U65
     for target, memory_mode in _OTHER_CONFIGS:
-        torch.manual_seed(0)
-        spec = EthosUCompileSpec(target, memory_mode=memory_mode)
-        compiled = compile(module, inputs, spec, quantize=True)
-        for tosa, payload in ethosu_delegates(compiled):
+        for tosa, payload in ethosu_delegates(lowered(quantized, inputs, EthosUCompileSpec(target,
+                                                                                          memory_mode=memory_mode))):
             if name in NPU_DIFFERENCES:
                 with pytest.raises(AssertionError, match="values differ"):
                     assert_npu_bit_exact(tosa, payload, seeds=(0,))
@@ -351,7 +373,7 @@ def test_builtin_model_u85(model_name, target, memory_mode):
     """Every built-in model, int8, on every Ethos-U85 configuration: the reference model's outputs bit for bit
     (transformer's MatMuls read IFM2 as weights, unet resizes bilinear and nearest)."""
     model, inputs = MODELS[model_name].factory()
-    _u85_bit_exact(delegates(model, inputs, target, memory_mode))
+    _u85_bit_exact(delegates(model, inputs, target, memory_mode, key=model_name))
 
 
 @pytest.mark.parametrize("model_name", A16W8)
@@ -379,11 +401,12 @@ def test_op_case_u85(op_table, name):
 def test_op_case_every_u85_configuration(op_table, name):
     """Each op-table case the U85 takes, compiled for the other four Ethos-U85 configurations, bit for bit."""
     module, inputs = op_table.build(name)
+    torch.manual_seed(0)
+    quantized = quantize_model(module, inputs, EthosUCompileSpec("ethos-u85-256"))  # one profile for every U85
     for target, memory_mode in U85_CONFIGS:
         if (target, memory_mode) != ("ethos-u85-256", None):
-            torch.manual_seed(0)
-            compiled = compile(module, inputs, EthosUCompileSpec(target, memory_mode=memory_mode), quantize=True)
-            _u85_bit_exact(ethosu_delegates(compiled))
+            _u85_bit_exact(ethosu_delegates(lowered(quantized, inputs, EthosUCompileSpec(target,
+                                                                                      memory_mode=memory_mode))))
 
 
 def test_u85_gather_index_out_of_range_names_the_command():
