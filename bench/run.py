@@ -18,7 +18,7 @@ OUT = ROOT / "bench" / "out"
 SIDE_ENV = ROOT / ".venv-executorch"
 ZOO = ("mv2", "mv3", "resnet18", "transformer", "lstm", "unet", "audio1d", "digits", "waves")
 # ExecuTorch's Ethos-U model tests, from the field's own definitions where they install (`--models field`)
-FIELD = ("ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "wav2letter", "conformer", "lstm",
+FIELD = ("ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "wav2letter", "conformer", "crnn",
          "torchvision:mobilenet_v2", "torchvision:mobilenet_v3_small", "torchvision:mobilenet_v3_large",
          "torchvision:resnet18", "torchvision:inception_v3", "torchvision:deeplabv3_mobilenet_v3_large",
          "timm:deit_tiny_patch16_224")
@@ -142,6 +142,10 @@ class Figures:
                        sum(r.offchip_used_bytes for r in reports), cpu_ops)
 
 
+# pure data movement, left out of both compilers' CPU op counts
+_VIEWS = ("squeeze", "unsqueeze", "view", "permute", "clone", "expand", "alloc")
+
+
 def _spec(target: str, memory_mode: str | None):
     from tosakit.specs import EthosUCompileSpec
 
@@ -164,12 +168,17 @@ def _tosakit(name: str, module, inputs, target: str, memory_mode: str | None, fi
     with open(OUT / "tosakit" / f"{name}_{target}{'_nhwc_int8' if firmware_io else ''}.pte", "wb") as f:
         compiled.program.write_to_file(f)
     seconds = time.perf_counter() - start
-    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target
+           and not any(v in p.target for v in _VIEWS)]  # compute ops, counted as ExecuTorch's are
     return Figures.of([d.report for d in compiled.edge.delegates], seconds, len(cpu))
 
 
 def _side_env() -> Path:
-    """The ExecuTorch 1.5.1 side environment (its Arm backend, tosakit's torch/Vela/TOSA pins), built once."""
+    """The ExecuTorch 1.5.1 side environment (its Arm backend, tosakit's torch/Vela/TOSA pins), built once; the
+    test oracle's venv (`make oracle`: the same pins, tests/oracle/requirements.txt) when there is one."""
+    for oracle in (os.environ.get("TOSAKIT_ORACLE_PYTHON"), ROOT / ".venv-oracle" / "bin" / "python"):
+        if oracle and Path(oracle).exists() and (Path(oracle).parent.parent / ".oracle-installed").exists():
+            return Path(oracle)
     python = SIDE_ENV / "bin" / "python"
     stamp = SIDE_ENV / ".installed"
     if not stamp.exists():
@@ -190,9 +199,6 @@ def _executorch(jobs: list[dict]) -> dict[tuple[str, str], dict]:
     subprocess.run([str(python), str(ROOT / "bench" / "executorch_side.py"), str(OUT / "jobs.json"),
                     str(OUT / "executorch.json")], check=True, env=env, stdout=subprocess.DEVNULL)
     return {(r["name"], r["target"]): r for r in json.loads((OUT / "executorch.json").read_text())}
-
-
-_VIEWS = ("squeeze", "unsqueeze", "view", "permute", "clone", "expand", "alloc")
 
 
 def _executorch_figures(result: dict, memory_mode: str | None) -> Figures | None:
@@ -271,16 +277,21 @@ def zoo(args) -> None:
               else _executorch(jobs) if args.compare_executorch else {})
     comparable: dict[str, bool] = {}
     ratios: dict[str, dict[str, float]] = {}
+    table: list[dict] = []  # every figure printed, for bench/out/zoo.json
     for target, memory_mode in TARGETS:
         print(f"\n{target} ({memory_mode or 'default memory mode'})")
         print(_row("model", [c[0] for c in _COLUMNS]))
         for name in models:
             mine = _tosakit(name, *loaded[name], target, memory_mode)
             print(_row(f"{name} tosakit", [fmt.format(get(mine)) for _, get, fmt in _COLUMNS]), flush=True)
+            table.append({"model": name, "target": target, "tosakit": vars(mine)})
+            (OUT / "zoo.json").write_text(json.dumps(table, indent=1))
             if not theirs:
                 continue
             result = theirs[(name, f"{target}")]
             other = _executorch_figures(result, memory_mode)
+            table[-1]["executorch"] = vars(other) if other else {"error": result["error"]}
+            (OUT / "zoo.json").write_text(json.dumps(table, indent=1))
             if other is None:
                 print(_row(f"{name} executorch", ["failed: " + result["error"][:60]]))
                 continue
