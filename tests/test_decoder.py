@@ -99,3 +99,18 @@ def test_generate_cli_refuses_bad_options_before_compiling(argv, message, tmp_pa
     assert main(["generate", "-q", "-o", str(tmp_path / "out"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not list((tmp_path / "out").glob("*.pte"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", [False, True], ids=["fp", "int"])
+@pytest.mark.parametrize("which", ["prefill", "decode"])
+def test_decoder_cpu_programs_run_in_executorch(program_check, which, quantize):
+    """Without a delegate, the prefill and decode programs (index_put's optional tensor list, the int32 positions,
+    GQA's expand), float and quantized, load and run in ExecuTorch's runtime and equal PyTorch."""
+    model = _decoder()
+    inputs = prefill_inputs(model, PROMPT)
+    if which == "decode":
+        with torch.no_grad():
+            _, *caches = model(*inputs)
+        inputs = decode_inputs(5, PROMPT.shape[1], caches)
+    program_check.cpu_only(model, inputs, quantize=quantize)
