@@ -266,6 +266,57 @@ def test_elementwise_u55(name):
     assert_bit_exact(Fn(fn), tuple(torch.randn(1, 8, 5, 7) for _ in range(n)))
 
 
+class EqualScaleResidual(nn.Module):
+    """y + f(y) where f is a 3x3 identity convolution: both ADD operands calibrate to one quantization, as most
+    of MobileNetV2's residual ADDs do."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 16, 1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        nn.init.dirac_(self.b.weight)
+        nn.init.zeros_(self.b.bias)
+
+    def forward(self, x):
+        y = self.a(x)
+        return y + self.b(y)
+
+
+def _add_input_rescales(tosa: bytes) -> list[list[tuple[int, int]]]:
+    """Per TOSA ADD: the (multiplier, shift) of the RESCALE writing each of its operands."""
+    from tosa.TosaGraph import TosaGraph
+
+    from tosakit.lower.tosa_graph import Op
+
+    block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
+    tensors = {block.Tensors(i).Name().decode(): block.Tensors(i) for i in range(block.TensorsLength())}
+    ops = [block.Operators(i) for i in range(block.OperatorsLength())]
+    writer = {op.Outputs(j).decode(): op for op in ops for j in range(op.OutputsLength())}
+
+    def const(name, dtype):
+        return int(tensors[name.decode()].DataAsNumpy().view(dtype)[0])
+
+    return [[(const(r.Inputs(1), np.int32), const(r.Inputs(2), np.int8))
+             for r in (writer[op.Inputs(j).decode()] for j in range(op.InputsLength()))]
+            for op in ops if op.Op() == Op.ADD]
+
+
+def test_equal_scale_residual_add_is_one_npu_add_u55():
+    """Operands on one scale meet in int32 shifted by 14 bits (multiplier 2**30, shift 16), which Vela folds
+    into the NPU Add (a 16-bit scale with no shift): one Add, no RESCALE of its own, where 2**19 cost each
+    operand an Add and a Mul. The program stays bit-exact."""
+    torch.manual_seed(0)
+    inputs = (torch.randn(1, 8, 28, 28),)
+    spec = EthosUCompileSpec("ethos-u55-128", memory_mode="Shared_Sram")
+    compiled = compile(EqualScaleResidual().eval(), inputs, spec, quantize=True, calibration=[inputs])
+    [(tosa, payload)] = ethosu_delegates(compiled)
+    assert _add_input_rescales(tosa) == [[(1 << 30, 16), (1 << 30, 16)]]
+    [delegate] = compiled.edge.delegates
+    rows = [(o.tosa_op, o.npu_operator) for o in delegate.report.per_op]
+    assert rows.count(("ADD", "Add")) == 1 and not [r for r in rows if r[0] == "RESCALE"], rows
+    assert_npu_bit_exact(tosa, payload, seeds=(0, 1, 2))
+
+
 # ------------------------------------------------------------------ the built-in models, every configuration
 
 _SMALL = ["add", "add3", "softmax", "digits", "waves", "audio1d", "lstm"]

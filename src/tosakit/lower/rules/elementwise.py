@@ -16,11 +16,17 @@ from torch.fx import Node
 
 from ...quantize.qdq import INDEX_RESULT_OPS, QParams
 from ..lowering import F32_MAX, NAN_PROPAGATE, Lowering, int_dtype, lowers, quantized_bounds
-from ..tosa_graph import TORCH_TO_TOSA, DType, Op, Value, is_float, make_attr
+from ..tosa_graph import TORCH_TO_TOSA, DType, Op, Value, is_float, make_attr, quantize_multiplier
 
 aten = torch.ops.aten
 ADD_SHIFT = 20  # headroom bits when int8 operands meet in int32
 ADD_SHIFT_INT16 = 15  # int16 operands: 16 + 15 bits, and their sum, still fit in int32
+# Operands on one scale meet in int32 shifted left by 14 bits, not ADD_SHIFT - 1 = 19: the same integers out
+# (see _exact_coarser), and Vela fuses the input RESCALEs into the NPU Add only when each is a 16-bit
+# multiplier with shift 0 after it folds a power of two into the multiplier (regor's
+# EthosU55Constraints::SupportsFusedRescale); 2**19 is not, and costs two elementwise ops per input on
+# Ethos-U55/U65. Unequal scales take regor's other (advanced) path and keep ADD_SHIFT.
+EQUAL_SCALE_SHIFT = 14
 BOOL_RESULT = {Op.EQUAL, Op.GREATER, Op.GREATER_EQUAL, Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR,
                Op.LOGICAL_NOT}
 ATTRS = {Op.MAXIMUM: make_attr("MaximumAttribute", NAN_PROPAGATE),
@@ -115,6 +121,26 @@ def _operands(ctx: Lowering, node: Node) -> tuple[Value, Value]:
     return tuple(broadcast(ctx, a, b))
 
 
+def _exact_coarser(out_scale: float, coarse_scale: float, k: int) -> bool:
+    """Whether the output RESCALE of an ADD/SUB whose operands came in as integers times 2**(j + k) (scale
+    ``out_scale``) can take them times 2**j instead (``coarse_scale``) with every result the same: it can when
+    its multiplier stays and its shift drops by k.
+
+    The input RESCALEs multiply by a power of two exactly (multiplier 2**30, no rounding), so the int32 sum is
+    v * 2**(j + k) before and v * 2**j after, for the same integer v. TOSA's apply_scale_32 on the output gives
+    floor((v * 2**(j + k) * m + 2**(s - 1)) / 2**s) before and floor((v * 2**j * m + 2**(s - k - 1)) / 2**(s - k))
+    after: the same real number, so the same integer (and the same range REQUIRE, scaled alike). This holds
+    when the multiplier (m, s) was not cut for a shift above 62 and s - k is still a legal shift (>= 2)."""
+    if k <= 0:
+        return False
+    try:
+        multiplier, shift = quantize_multiplier(out_scale)
+        coarser = quantize_multiplier(coarse_scale)
+    except ValueError:
+        return False
+    return shift <= 62 and coarser == (multiplier, shift - k)
+
+
 def _add_sub(ctx: Lowering, node: Node, op) -> Value:
     a, b = _operands(ctx, node)
     shape = _out_shape(a, b)
@@ -124,6 +150,9 @@ def _add_sub(ctx: Lowering, node: Node, op) -> Value:
     # both operands to int32 on a shared fine scale, add, then one rescale to the output
     headroom = ADD_SHIFT if DType.INT16 not in (a.dtype, b.dtype) else ADD_SHIFT_INT16
     common = 2 * max(a.q.s, b.q.s) / (1 << headroom)
+    coarse = a.q.s / (1 << EQUAL_SCALE_SHIFT)
+    if a.q.s == b.q.s and _exact_coarser(common / q_out.s, coarse / q_out.s, headroom - 1 - EQUAL_SCALE_SHIFT):
+        common = coarse
     a32 = ctx.rescale(a, a.q.s / common, DType.INT32, a.q.zp, 0)
     b32 = ctx.rescale(b, b.q.s / common, DType.INT32, b.q.zp, 0)
     acc = ctx.emit(op, [a32, b32], shape, DType.INT32, like=a, node=node)
