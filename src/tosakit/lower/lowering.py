@@ -293,9 +293,18 @@ class Lowering:
         return self.relayout(v, [torch_shape[d] for d in order], order, node)
 
     def same_order(self, *vals: Value) -> list[Value]:
-        """Bring operands of an elementwise op to one layout (the first non-trivial one)."""
-        target = next((v.order for v in vals if v.rank == vals[0].rank and v.order != identity(v.rank)),
-                      vals[0].order)
+        """Bring operands of an elementwise op to one layout: NHWC when a full-size operand has it (a CNN's
+        residual), else torch order when a full-size operand has it (a sequence model's residual around a block
+        that transposed inside), else the first non-trivial one. Broadcast operands never decide."""
+        shape = tuple(max(s) for s in zip(*(v.torch_shape for v in vals if v.rank == vals[0].rank)))
+        full = [v for v in vals if v.torch_shape == shape]
+        plain = identity(len(shape))
+        if not any(len(shape) == 4 and _big_dims(v.order, shape) == _big_dims(NHWC, shape) for v in full) and \
+                any(_big_dims(v.order, shape) == _big_dims(plain, shape) for v in full):
+            target = plain
+        else:
+            target = next((v.order for v in vals if v.rank == vals[0].rank and v.order != identity(v.rank)),
+                          vals[0].order)
         out = []
         for v in vals:
             if v.rank < len(target):  # broadcast operand of lower rank: lift to full rank first
