@@ -115,7 +115,7 @@ CASES = {
     "conv_transpose2d": (lambda: nn.ConvTranspose2d(8, 4, 3, 2, 1, 1), [(1, 8, 5, 5)], ALL),
     "conv_transpose2d_k4s2": (lambda: nn.ConvTranspose2d(4, 8, 4, 2, 1, bias=False), [(1, 4, 6, 6)], ALL),
     "conv_transpose2d_s1": (lambda: nn.ConvTranspose2d(4, 4, 3, 1, 0), [(1, 4, 6, 6)], ALL),
-    # strides Ethos-U55's TRANSPOSE_CONV2D refuses: one stride-1 CONV2D per row phase there
+    # strides Ethos-U55's TRANSPOSE_CONV2D refuses (the U55 runs every stride as stride-1 CONV2Ds, one per row phase)
     "conv_transpose2d_s3": (lambda: nn.ConvTranspose2d(8, 4, 5, 3, 1, 2), [(1, 8, 5, 5)], ALL),
     "conv_transpose2d_s3x2": (lambda: nn.ConvTranspose2d(4, 8, (3, 4), (3, 2), (2, 1), (1, 0)), [(1, 4, 4, 6)], ALL),
     "conv_transpose2d_k2s3": (lambda: nn.ConvTranspose2d(4, 4, 2, 3, 0, 1), [(1, 4, 4, 5)], ALL),  # bias-only phases
@@ -266,7 +266,8 @@ def test_conv_transpose2d_limits_refused_with_reason(harness, module, why):
     assert left.target == "aten.convolution.default" and why in left.reason
 
 
-PHASED = ["conv_transpose2d_s3", "conv_transpose2d_s3x2", "conv_transpose2d_k2s3"]
+PHASED = ["conv_transpose2d", "conv_transpose2d_k4s2", "conv_transpose2d_s1", "conv_transpose2d_s3",
+          "conv_transpose2d_s3x2", "conv_transpose2d_k2s3"]
 
 
 def test_conv_transpose2d_stride3_delegated_on_u55(harness):

@@ -13,7 +13,6 @@ from typing import Callable
 
 import numpy as np
 
-from ...lower.rules.conv import u55_takes_transpose_stride
 from ...lower.tosa_graph import DType, EmittedOp, is_float
 
 Check = Callable[[EmittedOp], "str | None"]
@@ -103,6 +102,14 @@ def bias_int40(op: EmittedOp) -> str | None:
     if bias is not None and bias.size and np.abs(bias.astype(np.int64)).max() >= 2**39:
         return "bias does not fit in int40"
     return None
+
+
+def u55_takes_transpose_stride(stride, in_hw, kernel) -> bool:
+    """Whether Ethos-U55/U65 run TRANSPOSE_CONV2D at ``stride`` (Vela 5.2): 1x1 and 2x2, 1x2 over one row of
+    input and kernel, 2x1 over one column."""
+    stride = tuple(stride)
+    return (stride in ((1, 1), (2, 2)) or (stride == (1, 2) and in_hw[0] == kernel[0] == 1)
+            or (stride == (2, 1) and in_hw[1] == kernel[1] == 1))
 
 
 def transpose_conv_strides(op: EmittedOp) -> str | None:
