@@ -4,7 +4,6 @@ compiled by Vela and run by the simulator from the payload's bytes (command stre
 from __future__ import annotations
 
 import importlib
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,9 +12,7 @@ from torch import nn
 
 from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, ethosu_delegates, npu_inputs
 from tosakit.errors import TosakitError
-from tosakit.capture import export
-from tosakit.flow import compile, partitioner_for, quantize_model
-from tosakit.program import to_edge_transform_and_lower
+from tosakit.flow import compile, quantize_model
 from tosakit.runtime.ethosu import npu, weights
 from tosakit.runtime.ethosu.codec import CODEC
 from tosakit.runtime.ethosu.commands import decode, disassemble
@@ -50,16 +47,10 @@ def delegates(model: nn.Module, inputs: tuple, target="ethos-u55-128", memory_mo
         profile = (key, str(spec.tosa_spec))
         if profile not in _QUANTIZED:
             _QUANTIZED[profile] = quantize_model(model.eval(), inputs, spec, calibration=[inputs])
-        compiled = lowered(_QUANTIZED[profile], inputs, spec)
+        compiled = compile(_QUANTIZED[profile], inputs, spec)  # already quantized: lowered and compiled only
     found = ethosu_delegates(compiled)
     assert found, "nothing was delegated"
     return found
-
-
-def lowered(quantized, inputs: tuple, spec) -> SimpleNamespace:
-    """A quantized model partitioned, lowered and compiled for ``spec`` (what ``ethosu_delegates`` reads)."""
-    edge = to_edge_transform_and_lower(export(quantized, inputs), partitioner=[partitioner_for(spec)])
-    return SimpleNamespace(edge=edge)
 
 
 def assert_bit_exact(model, inputs, target="ethos-u55-128", memory_mode=None, **options):
@@ -380,7 +371,7 @@ def test_op_case_every_configuration(op_table, name):
     torch.manual_seed(0)
     quantized = quantize_model(module, inputs, EthosUCompileSpec("ethos-u55-64"))  # one profile for U55 and U65
     for target, memory_mode in _OTHER_CONFIGS:
-        for tosa, payload in ethosu_delegates(lowered(quantized, inputs, EthosUCompileSpec(target,
+        for tosa, payload in ethosu_delegates(compile(quantized, inputs, EthosUCompileSpec(target,
                                                                                           memory_mode=memory_mode))):
             if name in NPU_DIFFERENCES:
                 with pytest.raises(AssertionError, match="values differ"):
@@ -456,7 +447,7 @@ def test_op_case_every_u85_configuration(op_table, name):
     quantized = quantize_model(module, inputs, EthosUCompileSpec("ethos-u85-256"))  # one profile for every U85
     for target, memory_mode in U85_CONFIGS:
         if (target, memory_mode) != ("ethos-u85-256", None):
-            _u85_bit_exact(ethosu_delegates(lowered(quantized, inputs, EthosUCompileSpec(target,
+            _u85_bit_exact(ethosu_delegates(compile(quantized, inputs, EthosUCompileSpec(target,
                                                                                       memory_mode=memory_mode))))
 
 

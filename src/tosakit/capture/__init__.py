@@ -114,6 +114,7 @@ _PROMOTING = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor
 def promote_constants(gm: GraphModule) -> GraphModule:
     """An integer constant in float arithmetic (YOLO anchors as an int tensor) becomes the float constant PyTorch's
     type promotion computes with, so it is quantized and lowered like any float operand."""
+    changed = False
     for node in list(gm.graph.nodes):
         out = node.meta.get("val")
         if node.op != "call_function" or node.target not in _PROMOTING or not isinstance(out, torch.Tensor) \
@@ -130,8 +131,10 @@ def promote_constants(gm: GraphModule) -> GraphModule:
                     const = gm.graph.get_attr(name)
                 const.meta = {**arg.meta, "val": value}
                 node.replace_input_with(arg, const)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
+                changed = True
+    if changed:  # most graphs have none: no code to regenerate
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
     return gm
 
 

@@ -126,11 +126,12 @@ def _act_inputs(config: QuantizationConfig, *nodes) -> dict:
 # ------------------------------------------------------------------ rules
 
 
-WEIGHT_OPS = (aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding, aten.convolution.default,
-              aten.linear.default, aten.conv_transpose2d.input)  # argument 1 is a weight
+CONV_OPS = (aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding, aten.convolution.default,
+            aten.linear.default)
+WEIGHT_OPS = (*CONV_OPS, aten.conv_transpose2d.input)  # argument 1 is a weight
 
 
-@annotates(*WEIGHT_OPS[:-1])
+@annotates(*CONV_OPS)
 def _conv(node: Node, config: QuantizationConfig) -> None:
     x, w = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else None

@@ -8,6 +8,7 @@ requests and replies are .npz files (never pickles) behind an 8-byte length, ove
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -29,6 +30,7 @@ _INDEX_VIEWS = ("RESHAPE", "IDENTITY", "TRANSPOSE", "TILE")
 _INDEXED = ("GATHER", "SCATTER")  # operand 1 indexes the rows (dim 1) of operand 0
 
 
+@functools.lru_cache(maxsize=16)  # read once per graph, not on every run of it (a decoder runs one per token)
 def index_bounds(tosa: bytes) -> dict[int, int]:
     """The main block's inputs that a GATHER or SCATTER reads as indices (directly or through reshapes), by
     position: the number of rows it indexes (an index must lie in 0..rows-1)."""

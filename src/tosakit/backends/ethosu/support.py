@@ -104,19 +104,11 @@ def bias_int40(op: EmittedOp) -> str | None:
     return None
 
 
-def u55_takes_transpose_stride(stride, in_hw, kernel) -> bool:
-    """Whether Ethos-U55/U65 run TRANSPOSE_CONV2D at ``stride`` (Vela 5.2): 1x1 and 2x2, 1x2 over one row of
-    input and kernel, 2x1 over one column."""
-    stride = tuple(stride)
-    return (stride in ((1, 1), (2, 2)) or (stride == (1, 2) and in_hw[0] == kernel[0] == 1)
-            or (stride == (2, 1) and in_hw[1] == kernel[1] == 1))
-
-
 def transpose_conv_strides(op: EmittedOp) -> str | None:
-    kernel, stride, _ = _kernel_stride(op)
-    if u55_takes_transpose_stride(stride, _shape(op)[1:3], kernel):
-        return None
-    return f"stride {stride[0]}x{stride[1]} is not (1,1) or (2,2)"
+    (kh, kw), stride, _ = _kernel_stride(op)
+    ih, iw = _shape(op)[1:3]
+    ok = stride in ((1, 1), (2, 2)) or (stride == (1, 2) and ih == kh == 1) or (stride == (2, 1) and iw == kw == 1)
+    return None if ok else f"stride {stride[0]}x{stride[1]} is not (1,1) or (2,2)"
 
 
 def argmax_limits(op: EmittedOp) -> str | None:

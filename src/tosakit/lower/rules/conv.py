@@ -1,6 +1,6 @@
 """Convolution and linear layers: CONV2D / DEPTHWISE_CONV2D / TRANSPOSE_CONV2D, with int32 accumulators
-in INT; grouped convolution runs one CONV2D per group and a CONCAT; a transposed convolution whose stride
-the target's TRANSPOSE_CONV2D refuses runs as stride-1 CONV2Ds, one per row phase (``subpixel``)."""
+in INT; grouped convolution runs one CONV2D per group and a CONCAT; on Ethos-U55/U65 a transposed convolution
+runs as stride-1 CONV2Ds, one per row phase (``subpixel``)."""
 
 from __future__ import annotations
 
