@@ -504,10 +504,10 @@ class _Builder:
 
 
 def _softmax_parts(f: _Builder, x: Node, dim: int) -> tuple[Node, Node, Node]:
-    """x - max, exp(x - max) and its sum along ``dim``."""
-    shifted = f(aten.sub.Tensor, x, f(aten.amax.default, x, [dim], True))
-    e = f(aten.exp.default, shifted)
-    return shifted, e, f(aten.sum.dim_IntList, e, [dim], True)
+    """max along ``dim``, exp(x - max) and its sum along ``dim``."""
+    top = f(aten.amax.default, x, [dim], True)
+    e = f(aten.exp.default, f(aten.sub.Tensor, x, top))
+    return top, e, f(aten.sum.dim_IntList, e, [dim], True)
 
 
 def _softmax(f: _Builder, x: Node, dim: int) -> Node:
@@ -517,9 +517,10 @@ def _softmax(f: _Builder, x: Node, dim: int) -> Node:
 
 
 def _log_softmax(f: _Builder, x: Node, dim: int) -> Node:
-    """(x - max) - log(sum(exp(x - max)))."""
-    shifted, _, total = _softmax_parts(f, x, dim)
-    return f(aten.sub.Tensor, shifted, f(aten.log.default, total))
+    """x - (max + log(sum(exp(x - max)))): x - max feeds only the exp, so Vela runs the SUB, its RESCALE and
+    the exp's TABLE as one pass, and the log and the add work on the reduced tensor."""
+    top, _, total = _softmax_parts(f, x, dim)
+    return f(aten.sub.Tensor, x, f(aten.add.Tensor, top, f(aten.log.default, total)))
 
 
 def _normalize(f: _Builder, x: Node, dims: list[int], eps: float) -> Node:
