@@ -98,9 +98,9 @@ OBSERVERS = {
 }
 
 
-def _activation_observer(observer: str):
+def _activation_observer(observer: str, eps: float):
     try:
-        return OBSERVERS[observer].with_args(eps=2.0**-12)
+        return OBSERVERS[observer].with_args(eps=eps)
     except KeyError:
         from ..errors import TosakitError
 
@@ -116,11 +116,14 @@ def get_symmetric_quantization_config(
     weight_qmin: int = INT8_WEIGHT[0],
     weight_qmax: int = INT8_WEIGHT[1],
     observer: str = "minmax",
+    eps: float = 2**-16,
 ) -> QuantizationConfig:
     """int8 symmetric weights (per channel by default), int8 asymmetric activations, int32 bias.
 
     ``observer`` picks how activation ranges are calibrated: "minmax", "histogram" (the range that
-    minimises quantization error, searched over a histogram) or "percentile" (99.99th).
+    minimises quantization error, searched over a histogram) or "percentile" (99.99th). ``eps`` is the
+    smallest scale an observer gives (ExecuTorch's default): a larger floor would leave a large fan-in
+    layer's small weights short of +-127 (wav2letter's 250x32-tap convolution reached only +-121 at 2**-12).
     """
     if is_dynamic:
         from ..errors import TosakitError
@@ -129,12 +132,12 @@ def get_symmetric_quantization_config(
             "dynamic activation quantization is not supported by tosakit's Arm targets",
             "call get_symmetric_quantization_config(is_dynamic=False)",
         )
-    act_observer = _activation_observer(observer)
-    weight_observer = (PerChannelMinMaxObserver if is_per_channel else MinMaxObserver).with_args(eps=2.0**-12)
+    act_observer = _activation_observer(observer, eps)
+    weight_observer = (PerChannelMinMaxObserver if is_per_channel else MinMaxObserver).with_args(eps=eps)
     if is_qat:  # the spec supplies dtype, range, qscheme and channel axis to the fake-quant
-        act_observer = FakeQuantize.with_args(observer=OBSERVERS[observer], eps=2.0**-12)
+        act_observer = FakeQuantize.with_args(observer=OBSERVERS[observer], eps=eps)
         weight_observer = FakeQuantize.with_args(
-            observer=PerChannelMinMaxObserver if is_per_channel else MinMaxObserver, eps=2.0**-12
+            observer=PerChannelMinMaxObserver if is_per_channel else MinMaxObserver, eps=eps
         )
     act = QuantizationSpec(
         dtype=torch.int8,
