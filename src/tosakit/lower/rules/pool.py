@@ -7,9 +7,9 @@ import tosa_serializer as ts
 import torch
 from torch.fx import Node
 
-from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr, tosa_pads
+from ..lowering import NAN_PROPAGATE, Lowering, accumulator, int_dtype, lowers, make_attr, tosa_pads
 from ..tosa_graph import NHWC, DType, Op, Value
-from .conv import slice_axis
+from .conv import concat, slice_axis
 
 aten = torch.ops.aten
 
@@ -219,18 +219,28 @@ def _upscale(node: Node) -> tuple[int, int]:
     return tuple(int(o) // int(s) if o % s == 0 else 0 for s, o in zip(size, out))
 
 
+U55_RESIZE_FACTORS = (2, 4, 8)  # the upscale factors Vela's Ethos-U55/U65 RESIZE takes (nearest only)
+PHASE_FACTOR_LIMIT = 63  # bilinear phases: weights 2s - d in int8, the int16 row pass exact (2s * 255 < 2**15)
+
+
 def _resize_check(node: Node, spec) -> str | None:
     factors = _upscale(node)
     if node.args[0].meta["val"].dim() != 4 or not all(factors):
         return "only 2-D upsampling by integer factors lowers (TOSA RESIZE)"
-    if node.target == aten.upsample_bilinear2d.vec and node.args[2]:
+    bilinear = node.target == aten.upsample_bilinear2d.vec
+    if bilinear and node.args[2]:
         return "bilinear upsampling with align_corners=True has no lowering yet"
-    if spec.is_u55_subset and node.target == aten.upsample_bilinear2d.vec and spec.support_integer():
-        return ("Vela does not compile a TOSA bilinear RESIZE for Ethos-U55/U65 (its integer form with the "
-                "RESCALE after it is refused); nearest upsampling runs there")
-    if spec.is_u55_subset and any(f not in (2, 4, 8) for f in factors):
-        return f"Ethos-U55/U65 RESIZE upscales only by 2x, 4x or 8x (this one is {factors[0]}x{factors[1]})"
+    if _by_phases(node, spec) and bilinear and max(factors) > PHASE_FACTOR_LIMIT:
+        return (f"Ethos-U55/U65 bilinear upsampling runs as phases up to {PHASE_FACTOR_LIMIT}x per axis "
+                f"(this one is {factors[0]}x{factors[1]})")
     return None
+
+
+def _by_phases(node: Node, spec) -> bool:
+    """Whether an upsampling runs as phases (Ethos-U55/U65 in INT): Vela compiles neither a bilinear TOSA RESIZE
+    there (its integer form with the RESCALE after it is refused) nor a nearest one by other factors than 2, 4, 8."""
+    return spec.is_u55_subset and spec.support_integer() and (
+        node.target == aten.upsample_bilinear2d.vec or any(f not in U55_RESIZE_FACTORS for f in _upscale(node)))
 
 
 def _resize(ctx: Lowering, node: Node, bilinear: bool) -> Value:
@@ -240,6 +250,8 @@ def _resize(ctx: Lowering, node: Node, bilinear: bool) -> Value:
     a RESCALE."""
     x = ctx.nhwc(ctx.arg(node.args[0]))
     factors = _upscale(node)
+    if _by_phases(node, ctx.spec):
+        return _bilinear_phases(ctx, x, factors, node) if bilinear else _nearest_phases(ctx, x, factors, node)
     scale = [v for s in factors for v in (2 * s, 2)]
     offset = [1 - s for s in factors]
     border = [s - 1 for s in factors]
@@ -253,6 +265,71 @@ def _resize(ctx: Lowering, node: Node, bilinear: bool) -> Value:
     if out_dtype != x.dtype:
         y = ctx.rescale(y, 1.0 / (scale[0] * scale[2]), x.dtype, 0, 0, q=x.q, node=node)
     return y
+
+
+def _interleave(ctx: Lowering, phases: list[Value], axis: int, node: Node) -> Value:
+    """NHWC phase outputs interleaved along TOSA ``axis`` (1: rows, 2: columns): output a*s + p is phase p's a.
+    Joined along the next axis (rows: side by side in W; columns: in C), the bytes are already the
+    interleaved tensor, so a RESHAPE relabels them and Vela writes each phase straight into place."""
+    if len(phases) == 1:
+        return phases[0]
+    n, h, w, c = phases[0].shape
+    joined = concat(ctx, phases, axis + 1, node)
+    shape = (n, h * len(phases), w, c) if axis == 1 else (n, h, w * len(phases), c)
+    return ctx.relayout(joined, shape, NHWC, node)
+
+
+def _nearest_phases(ctx: Lowering, x: Value, factors, node: Node) -> Value:
+    """Nearest upsampling as copies: every phase of an axis is the input itself."""
+    for axis, s in zip((1, 2), factors):
+        x = _interleave(ctx, [x] * s, axis, node)
+    return x
+
+
+def _bilinear_pass(ctx: Lowering, x: Value, axis: int, s: int, out_dtype, scale: float, in_zp: int, out_zp: int,
+                   q, node: Node) -> Value:
+    """Bilinear upsampling by ``s`` along TOSA ``axis`` as one two-tap DEPTHWISE_CONV2D per output phase.
+
+    Output a*s + p samples (2(a*s + p) + 1 - s) / 2s: input a + d (d = -1 or 0) weighted 2s - e, and the next
+    input weighted e, e = 2p + 1 - s - 2sd, exactly TOSA RESIZE's integer weights. The edge rows are repeated
+    once on each side, as RESIZE clamps its indices; the sums are RESIZE's, times 2s, rescaled by ``scale``."""
+    n, h, w, c = x.shape
+    size = x.shape[axis]
+    edges = [slice_axis(ctx, x, axis, 0, 1), x, slice_axis(ctx, x, axis, size - 1, 1)]
+    padded = concat(ctx, edges, axis, node)
+    acc = accumulator(x)
+    kernel = (2, 1) if axis == 1 else (1, 2)
+    phases = []
+    for p in range(s):
+        t = 2 * p + 1 - s
+        d = -1 if t < 0 else 0
+        e = t - 2 * s * d
+        window = slice_axis(ctx, padded, axis, d + 1, size + 1)
+        weights = np.broadcast_to(np.array([2 * s - e, e], np.int8).reshape(*kernel, 1, 1), (*kernel, c, 1))
+        bias = ctx.g.const(np.zeros(c, np.int64), acc)
+        zps = [ctx.g.zero_point(in_zp, x.dtype), ctx.g.zero_point(0, DType.INT8)]
+        attr = make_attr("DepthwiseConv2dAttribute", [0, 0, 0, 0], [1, 1], [1, 1], False, acc)
+        total = ctx.emit(Op.DEPTHWISE_CONV2D, [window, ctx.g.const(np.ascontiguousarray(weights), DType.INT8), bias,
+                                              *zps], (n, h, w, c), acc, order=NHWC, attr=attr, node=node)
+        phases.append(ctx.rescale(total, scale, out_dtype, 0, out_zp, q=q, node=node))
+    return _interleave(ctx, phases, axis, node)
+
+
+def _bilinear_phases(ctx: Lowering, x: Value, factors, node: Node) -> Value:
+    """Bilinear upsampling (int8) as phases, rows then columns: the row pass keeps its sums exactly in int16
+    (zero point removed), the column pass rescales the full sums by 1 / (4 s_y s_x) once, as RESIZE's RESCALE
+    does, so the integers equal TOSA RESIZE's."""
+    passes = [(axis, s) for axis, s in zip((1, 2), factors) if s > 1]
+    zp, divisor = x.q.zp, 1
+    for i, (axis, s) in enumerate(passes):
+        divisor *= 2 * s
+        if i < len(passes) - 1:
+            x = _bilinear_pass(ctx, x, axis, s, DType.INT16, 1.0, zp, 0, None, node)
+            zp = 0
+        else:
+            x = _bilinear_pass(ctx, x, axis, s, DType.INT8, 1.0 / divisor, zp, ctx.arg(node.args[0]).q.zp,
+                               ctx.arg(node.args[0]).q, node)
+    return x
 
 
 @lowers(aten.upsample_nearest2d.vec, check=_resize_check)
