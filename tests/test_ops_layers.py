@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import ethosu_delegates
 from op_cases import OpTable, build_case, flavour_params, seed_inputs
 
 pytestmark = pytest.mark.numerics
@@ -111,6 +112,13 @@ CASES = {
     "conv1d_grouped": (lambda: nn.Conv1d(8, 8, 3, 1, 1, groups=2), [(1, 8, 16)], ALL),
     "conv2d_dilated": (lambda: nn.Conv2d(4, 8, 3, 1, 2, dilation=2), [(1, 4, 12, 12)], ALL),
     "conv1d_dilated": (lambda: nn.Conv1d(4, 8, 3, 1, 3, dilation=3), [(1, 4, 20)], ALL),
+    # past the NPU's dilation 2: output regions of the taps they read (ASPP's rates on a small map)
+    "conv2d_dilated_5_regions": (lambda: nn.Conv2d(4, 8, 3, 1, 5, dilation=5), [(1, 4, 9, 9)], ALL),
+    "conv2d_dilated_4x1": (lambda: nn.Conv2d(4, 8, 3, 1, (4, 1), dilation=(4, 1)), [(1, 4, 10, 6)], ALL),
+    "conv2d_dilated_3_valid": (lambda: nn.Conv2d(4, 6, (3, 2), 1, 0, dilation=3), [(1, 4, 10, 8)], ALL),
+    "conv2d_dilated_past_input": (lambda: nn.Conv2d(4, 8, 3, 1, 12, dilation=12), [(1, 4, 6, 7)], ALL),
+    "conv2d_dilated_uneven_pad": (lambda: nn.Conv2d(4, 8, 5, 1, (7, 3), dilation=(4, 3)), [(1, 4, 9, 8)], ALL),
+    "conv2d_dilated_bias_only_rows": (lambda: nn.Conv2d(4, 8, 3, 1, (12, 1), dilation=(5, 1)), [(1, 4, 6, 5)], ALL),
     "conv_transpose2d": (lambda: nn.ConvTranspose2d(8, 4, 3, 2, 1, 1), [(1, 8, 5, 5)], ALL),
     "conv_transpose2d_k4s2": (lambda: nn.ConvTranspose2d(4, 8, 4, 2, 1, bias=False), [(1, 4, 6, 6)], ALL),
     "conv_transpose2d_s1": (lambda: nn.ConvTranspose2d(4, 4, 3, 1, 0), [(1, 4, 6, 6)], ALL),
@@ -253,6 +261,47 @@ def test_grouped_conv_is_one_conv2d_per_group(harness):
     compiled = harness.fp(nn.Conv2d(8, 12, 3, 1, 1, groups=4).eval(), seed_inputs((1, 8, 8, 8)))
     [delegate] = compiled.edge.delegates
     assert delegate.tosa_ops["CONV2D"] == 4 and delegate.tosa_ops["CONCAT"] == 1
+
+
+def _conv_dilations(tosa: bytes) -> set[int]:
+    """The dilations of every CONV2D in a TOSA graph."""
+    from tosa.Conv2dAttribute import Conv2dAttribute
+    from tosa.TosaGraph import TosaGraph
+
+    from tosakit.lower.tosa_graph import Op
+
+    block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
+    found = set()
+    for op in (block.Operators(i) for i in range(block.OperatorsLength())):
+        if op.Op() == Op.CONV2D:
+            attr = Conv2dAttribute()
+            attr.Init(op.Attribute().Bytes, op.Attribute().Pos)
+            found.update(int(d) for d in attr.DilationAsNumpy())
+    return found
+
+
+def _live_tap_macs(size_hw, kernel, dilation, pad, cin, cout) -> int:
+    """MACs of a stride-1 convolution counting only taps that read the input (none of the padding)."""
+    live = []
+    for size, k, d, p in zip(size_hw, kernel, dilation, pad):
+        live.append([sum(0 <= i + t * d - p < size for t in range(k)) for i in range(size + 2 * p - (k - 1) * d)])
+    return sum(r * c for r in live[0] for c in live[1]) * cin * cout
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+@pytest.mark.parametrize("rate", [6, 12, 24])
+def test_aspp_dilation_multiplies_no_padding_u55_u85(harness, target, rate):
+    """DeepLabV3's ASPP 3x3 branches (rates 6, 12, 24 on a 14x14 map) past the NPU's dilation 2: no CONV2D
+    keeps a dilation (Vela would run a zero-stuffed (2r+1)x(2r+1) kernel), and Vela's MAC count is exactly the
+    products of taps that read the input (rate 24: the centre tap alone). Every op on the NPU, integers as the
+    fake-quantized model's."""
+    module = nn.Conv2d(8, 16, 3, 1, rate, dilation=rate).eval()
+    compiled = harness.ethosu(module, seed_inputs((1, 8, 14, 14)), target)
+    [delegate] = compiled.edge.delegates
+    conv_macs = sum(o.macs for o in delegate.report.per_op if o.tosa_op == "CONV2D")  # (Vela counts copies too)
+    assert conv_macs == _live_tap_macs((14, 14), (3, 3), (rate, rate), (rate, rate), 8, 16)
+    [(tosa, _)] = ethosu_delegates(compiled)
+    assert _conv_dilations(tosa) == {1}
 
 
 @pytest.mark.parametrize("module, why", [

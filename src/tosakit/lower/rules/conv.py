@@ -211,13 +211,111 @@ def _emit_conv(ctx: Lowering, node: Node, op, x: Value, w_np: np.ndarray, b: tor
     return ctx.fused_clamp(acc, node)
 
 
+def _live_taps(size: int, k: int, s: int, d: int, before: int, after: int) -> tuple[int, int]:
+    """(first, last) kernel tap along one axis that reads the input at some output; the rest read padding only."""
+    out = (size + before + after - (k - 1) * d - 1) // s + 1
+    starts = np.arange(out) * s - before
+    live = [t for t in range(k) if np.any((starts + t * d >= 0) & (starts + t * d < size))]
+    return (live[0], live[-1]) if live else (0, k - 1)
+
+
+def _drop_dead_taps(ctx: Lowering, x: Value, w: torch.Tensor, pads: list[int], stride, dilation):
+    """Kernel taps that read only padding, dropped: a dilated kernel wider than its input (DeepLabV3's ASPP at
+    rates 24 and 36 on a 14x14 map) keeps its centre alone, the same sums without the zero-stuffed 49- or 73-wide
+    kernel Vela would run for it. Returns the input (cropped where the first live tap starts inside it), the
+    OIHW weights, TOSA pads and dilation."""
+    pads, dilation = list(pads), list(dilation)
+    for axis in (0, 1):
+        k, d, size = w.shape[2 + axis], dilation[axis], x.shape[1 + axis]
+        before, after = pads[2 * axis], pads[2 * axis + 1]
+        first, last = _live_taps(size, k, stride[axis], d, before, after)
+        if (first, last) == (0, k - 1):
+            continue
+        w = w.narrow(2 + axis, first, last - first + 1)
+        before, after = before - first * d, after - (k - 1 - last) * d
+        if before < 0:  # the first live tap starts inside the input: the rows before it are never read
+            x = slice_axis(ctx, x, 1 + axis, -before, size + before)
+            before = 0
+        pads[2 * axis], pads[2 * axis + 1] = before, after
+        dilation[axis] = d if last > first else 1
+    return x, w, pads, dilation
+
+
+NATIVE_DILATION = 2  # the largest dilation the Ethos-U NPUs run; Vela zero-stuffs larger kernels
+
+
+def _by_regions(k: int, stride: int, d: int) -> bool:
+    """Whether an axis of a convolution runs as regions (see _dilated_regions)."""
+    return k > 1 and stride == 1 and d > NATIVE_DILATION
+
+
+def _tap_runs(size: int, k: int, d: int, before: int, after: int) -> list[tuple[int, int, int, int]] | None:
+    """Along one stride-1 axis: (first, stop) output runs that read the same live taps (first, last); None when
+    some output reads padding only (its bias alone: left to the dilated form)."""
+    out = size + before + after - (k - 1) * d
+    runs = []
+    for i in range(out):
+        live = [t for t in range(k) if 0 <= i + t * d - before < size]
+        if not live:
+            return None
+        if runs and runs[-1][2:] == (live[0], live[-1]):
+            runs[-1] = (runs[-1][0], i + 1, live[0], live[-1])
+        else:
+            runs.append((i, i + 1, live[0], live[-1]))
+    return runs
+
+
+def _dilated_regions(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, w_scale, pads,
+                     stride, dilation, runs) -> Value:
+    """A CONV2D dilated past what the NPU runs, as one undilated CONV2D per output region: along each such axis
+    the outputs split into ``runs`` that read the same live taps, and a region's live taps become input channels
+    (the input slices each tap reads, joined along C; their weights likewise), so every product is one the
+    dilated kernel forms and no zero is multiplied. DeepLabV3's rate-12 ASPP branch on a 14x14 map: nine 1x1
+    convolutions of 1 to 4 taps each, where Vela would run a zero-stuffed 25x25 kernel."""
+    n, _, _, cin = x.shape
+    oc = w.shape[0]
+    axes = []
+    for a in (0, 1):  # an axis without runs is kept whole: the kernel, padding and dilation of the convolution
+        k, size, before, after = w.shape[2 + a], x.shape[1 + a], pads[2 * a], pads[2 * a + 1]
+        axes.append(runs[a] or [(None, (size + before + after - (k - 1) * dilation[a] - 1) // stride[a] + 1, None,
+                                 None)])
+    rows = []
+    for r0, r1, a0, a1 in axes[0]:
+        cols = []
+        for c0, c1, b0, b1 in axes[1]:
+            pieces, taps = [], []
+            for th in ([None] if r0 is None else range(a0, a1 + 1)):
+                for tw in ([None] if c0 is None else range(b0, b1 + 1)):
+                    start, size = [0, 0, 0, 0], [n, *x.shape[1:3], cin]
+                    for a, (t, lo, hi) in enumerate(((th, r0, r1), (tw, c0, c1))):
+                        if t is not None:
+                            start[1 + a], size[1 + a] = lo + t * dilation[a] - pads[2 * a], hi - lo
+                    pieces.append(x if size == list(x.shape) else ctx.slice(x, start, size))
+                    taps.append(w[:, :, slice(None) if th is None else slice(th, th + 1),
+                                  slice(None) if tw is None else slice(tw, tw + 1)])
+            region_pads = [p if r0 is None else 0 for p in pads[:2]] + [p if c0 is None else 0 for p in pads[2:]]
+            region_dilation = [1 if r0 is not None else dilation[0], 1 if c0 is not None else dilation[1]]
+            joined = pieces[0] if len(pieces) == 1 else concat(ctx, pieces, 3, node)
+            w_np = torch.cat(taps, dim=1).numpy().transpose(0, 2, 3, 1)
+            out_hw = (r1 if r0 is None else r1 - r0, c1 if c0 is None else c1 - c0)
+            cols.append(_emit_conv(ctx, node, Op.CONV2D, joined, w_np, b, w_scale,
+                                   [region_pads, list(stride), region_dilation], (n, *out_hw, oc)))
+        rows.append(cols[0] if len(cols) == 1 else concat(ctx, cols, 2, node))
+    return rows[0] if len(rows) == 1 else concat(ctx, rows, 1, node)
+
+
 def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, w_scale, stride, pad,
              dilation, depthwise: bool, out_hw) -> Value:
     """One CONV2D or DEPTHWISE_CONV2D on an NHWC value; returns the NHWC result (requantized in INT)."""
+    integer = w_scale is not None
+    pads = tosa_pads(x.shape[1:3], w.shape[2:], stride, pad, dilation)
+    x, w, pads, dilation = _drop_dead_taps(ctx, x, w, pads, stride, dilation)
+    runs = [_tap_runs(x.shape[1 + a], w.shape[2 + a], dilation[a], pads[2 * a], pads[2 * a + 1])
+            if _by_regions(w.shape[2 + a], stride[a], dilation[a]) else [] for a in (0, 1)]
+    if not depthwise and integer and any(runs) and None not in runs:
+        return _dilated_regions(ctx, node, x, w, b, w_scale, pads, stride, dilation, runs)
     n, ih, iw, cin = x.shape
     oc, _, kh, kw = w.shape
-    integer = w_scale is not None
-    pads = tosa_pads((ih, iw), (kh, kw), stride, pad, dilation)
     w_np = w.numpy()
     if depthwise:  # [C*M, 1, KH, KW] -> [KH, KW, C, M]
         w_np = w_np.reshape(cin, oc // cin, kh, kw).transpose(2, 3, 0, 1)
