@@ -373,7 +373,7 @@ def test_builtin_model_u55(model_name, target, memory_mode):
         assert_npu_bit_exact(tosa, payload, seeds=(0,))
 
 
-A16W8 = ["add", "add3", "softmax", "digits", "waves", "audio1d", *(pytest.param(m, marks=pytest.mark.slow)
+A16W8 = ["add", "add3", "softmax", "digits", "waves", "audio1d", "lstm", *(pytest.param(m, marks=pytest.mark.slow)
                                                           for m in ("mv2", "mv3", "resnet18", "unet"))]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -116,6 +118,22 @@ def test_additional_checks_keep_ops_on_the_cpu_with_their_reason():
         placed = {p.node: p for p in edge.placements}
         assert placed[node].placement == "cpu" and placed[node].reason == reason, placed[node]
         assert edge.delegates, "the rest is still delegated"
+
+
+def test_cpu_op_names_its_source_line_or_module():
+    """A CPU op's placement names where it comes from: the user's line (this file) when the model's forward
+    made it, the module holding it when the model is all torch's own modules (an nn.Sequential), never a line
+    inside torch."""
+    spec = EthosUCompileSpec("ethos-u85-256")
+    keep = [DontPartition(torch.ops.aten.relu.default)]
+    sequential = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.ReLU())).eval()
+    for model, where in ((Two(), f"{Path(__file__).name}:"), (sequential, "module 1.0 (ReLU)")):
+        inputs = _inputs(2, 8)
+        quantized = _quantize(EthosUQuantizer(spec).set_global(get_symmetric_quantization_config()), model, inputs)
+        edge = to_edge_transform_and_lower(torch.export.export(quantized, inputs),
+                                           partitioner=[EthosUPartitioner(spec, additional_checks=keep)])
+        [relu] = [p for p in edge.placements if p.node.startswith("relu")]
+        assert relu.placement == "cpu" and where in relu.source and "site-packages" not in relu.source, relu
 
 
 def test_cpu_program_with_constants_runs_in_executorch(tmp_path, et_oracle):

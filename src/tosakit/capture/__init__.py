@@ -64,6 +64,22 @@ class CapturedProgram:
 FOLD_LIMIT = 1 << 16
 
 
+def source_of(node: torch.fx.Node) -> str | None:
+    """'model.py:12', the user's line that created ``node``; for a model built of torch's own modules (an
+    nn.Sequential) the module holding it instead, 'module features.3 (Conv2d)'; None when unknown."""
+    stack = node.meta.get("stack_trace") or ""
+    frames = [ln.strip()[5:] for ln in stack.splitlines() if ln.strip().startswith("File ")]
+    own = [f for f in frames if "/site-packages/torch/" not in f]  # the user's line, not torch's module code
+    if own:
+        path, _, rest = own[-1].partition(", line ")
+        return f"{path.strip(chr(34))}:{rest.split(',')[0]}"
+    modules = list((node.meta.get("nn_module_stack") or {}).values())
+    if modules and modules[-1][0]:
+        path, kind = modules[-1]
+        return f"module {path} ({str(kind).rsplit('.', 1)[-1]})"
+    return None
+
+
 def graph_attr(gm: GraphModule, node: torch.fx.Node):
     """The value a ``get_attr`` node names."""
     value = gm

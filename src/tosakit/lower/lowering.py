@@ -16,6 +16,7 @@ import torch
 import tosa_serializer as ts
 from torch.fx import GraphModule, Node
 
+from ..capture import source_of
 from ..errors import TosakitError, UnsupportedOpError
 from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
 from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequantize, is_integer_node, is_quantize
@@ -62,13 +63,8 @@ def lowers(*targets, **support):
 
 def describe(node: Node) -> str:
     """'aten.convolution.default (node conv2d_3, model.py:41)'."""
-    where = ""
-    stack = node.meta.get("stack_trace")
-    if stack:
-        lines = [ln.strip() for ln in stack.strip().splitlines() if ln.strip().startswith("File ")]
-        if lines:
-            where = ", " + lines[-1].replace("File ", "").split(", in ")[0].replace('"', "").replace(", line ", ":")
-    return f"{node.target} (node {node.name}{where})"
+    where = source_of(node)
+    return f"{node.target} (node {node.name}{', ' + where if where else ''})"
 
 
 def folds_to_integer(node: Node) -> bool:

@@ -11,6 +11,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from ..capture import source_of
 from ..quantize.qdq import fused_activation_of, is_dequantize, is_quantize
 from ..specs import CompileSpec
 from .support import refusal
@@ -71,18 +72,6 @@ def _is_float(node: Node) -> bool:
 
 def _computes(node: Node) -> bool:
     return not (is_quantize(node) or is_dequantize(node) or node.target is operator.getitem)
-
-
-def source_of(node: Node) -> str | None:
-    """'file.py:12' of the user code that created ``node``, when known."""
-    stack = node.meta.get("stack_trace") or ""
-    frames = [ln.strip() for ln in stack.splitlines() if ln.strip().startswith("File ")]
-    own = [f for f in frames if "/site-packages/torch/" not in f]  # the user's line, not torch's module code
-    if not frames:
-        return None
-    text = (own or frames)[-1][5:]
-    path, _, rest = text.partition(", line ")
-    return f"{path.strip(chr(34))}:{rest.split(',')[0]}"
 
 
 class Partitioner:
@@ -182,15 +171,16 @@ class Subgraph:
     graph_module: GraphModule
     inputs: list[Node]  # outer nodes feeding the partition, in placeholder order
     outputs: list[Node]  # outer (tagged) nodes whose values leave the partition, in output order
-    constants: list[Node]  # outer get_attr nodes the partition owns
+    constants: list[Node]  # outer get_attr nodes the partition copies (erased outside once nothing else reads them)
 
 
 def extract_subgraph(gm: GraphModule, tag: str) -> Subgraph:
-    """Copy the nodes tagged ``tag`` into a new GraphModule (constants copied as attributes)."""
+    """Copy the nodes tagged ``tag`` into a new GraphModule (constants copied as attributes, also those other
+    nodes read too: a quantization parameter a CPU op shares stays a constant, never a delegate input)."""
     members = [n for n in gm.graph.nodes if n.meta.get(TAG_KEY) == tag]
     member_set = set(members)
     outer = list(dict.fromkeys(a for n in members for a in n.all_input_nodes if a not in member_set))
-    owned = [a for a in outer if a.op == "get_attr" and all(u in member_set for u in a.users)]
+    owned = [a for a in outer if a.op == "get_attr"]
     inputs = [a for a in outer if a not in owned]
     graph = torch.fx.Graph()
     sub = torch.nn.Module()

@@ -12,9 +12,9 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ..capture import source_of
 from ..errors import TosakitError, UnsupportedOpError, first_line
 from ..partition import NodePlacement
-from ..partition.partitioner import source_of
 from .emit import executorch_call_delegate, out_schema
 
 # Rounds of decomposition one op may take before its pieces all have kernels.

@@ -8,12 +8,13 @@ import io
 import numpy as np
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from ...capture import source_of
 from ...errors import TosakitError
 from ...lower import Case, LoweredGraph, TOSAPartitioner
 from ...lower.lowering import computes_in_float
 from ...lower.tosa_graph import is_float, isolate
 from ...partition import PartitionResult
-from ...partition.partitioner import extract_subgraph, source_of
+from ...partition.partitioner import extract_subgraph
 from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
 from ..dispatch import PreprocessResult, backend, compile_lowered, form_choice, lower_for
