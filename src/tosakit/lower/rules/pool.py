@@ -299,6 +299,9 @@ def _bilinear_pass(ctx: Lowering, x: Value, axis: int, s: int, out_dtype, scale:
     padded = concat(ctx, edges, axis, node)
     acc = accumulator(x)
     kernel = (2, 1) if axis == 1 else (1, 2)
+    bias = ctx.g.const(np.zeros(c, np.int64), acc)
+    zps = [ctx.g.zero_point(in_zp, x.dtype), ctx.g.zero_point(0, DType.INT8)]
+    attr = make_attr("DepthwiseConv2dAttribute", [0, 0, 0, 0], [1, 1], [1, 1], False, acc)
     phases = []
     for p in range(s):
         t = 2 * p + 1 - s
@@ -306,9 +309,6 @@ def _bilinear_pass(ctx: Lowering, x: Value, axis: int, s: int, out_dtype, scale:
         e = t - 2 * s * d
         window = slice_axis(ctx, padded, axis, d + 1, size + 1)
         weights = np.broadcast_to(np.array([2 * s - e, e], np.int8).reshape(*kernel, 1, 1), (*kernel, c, 1))
-        bias = ctx.g.const(np.zeros(c, np.int64), acc)
-        zps = [ctx.g.zero_point(in_zp, x.dtype), ctx.g.zero_point(0, DType.INT8)]
-        attr = make_attr("DepthwiseConv2dAttribute", [0, 0, 0, 0], [1, 1], [1, 1], False, acc)
         total = ctx.emit(Op.DEPTHWISE_CONV2D, [window, ctx.g.const(np.ascontiguousarray(weights), DType.INT8), bias,
                                               *zps], (n, h, w, c), acc, order=NHWC, attr=attr, node=node)
         phases.append(ctx.rescale(total, scale, out_dtype, 0, out_zp, q=q, node=node))
@@ -320,15 +320,14 @@ def _bilinear_phases(ctx: Lowering, x: Value, factors, node: Node) -> Value:
     (zero point removed), the column pass rescales the full sums by 1 / (4 s_y s_x) once, as RESIZE's RESCALE
     does, so the integers equal TOSA RESIZE's."""
     passes = [(axis, s) for axis, s in zip((1, 2), factors) if s > 1]
-    zp, divisor = x.q.zp, 1
+    q, zp, divisor = x.q, x.q.zp, 1
     for i, (axis, s) in enumerate(passes):
         divisor *= 2 * s
         if i < len(passes) - 1:
             x = _bilinear_pass(ctx, x, axis, s, DType.INT16, 1.0, zp, 0, None, node)
             zp = 0
         else:
-            x = _bilinear_pass(ctx, x, axis, s, DType.INT8, 1.0 / divisor, zp, ctx.arg(node.args[0]).q.zp,
-                               ctx.arg(node.args[0]).q, node)
+            x = _bilinear_pass(ctx, x, axis, s, DType.INT8, 1.0 / divisor, zp, q.zp, q, node)
     return x
 
 
