@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import re
 import traceback
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx import GraphModule
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..errors import TosakitError, first_line
 from ..native import captured_output
@@ -273,26 +275,124 @@ def _decomposed(target, table: dict, preserve) -> bool:
         target in table or torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"))
 
 
+def _stack(node, emit):
+    """torch's own decomposition of stack (``torch._refs.stack``): one cat and a view, or (stacking along a
+    new last axis) an unsqueeze of each tensor and a cat; a default argument (dim 0) is left out, as tracing
+    records it."""
+    tensors, dim = _schema_args(node)
+    ndim = tensors[0].meta["val"].dim()
+    wrapped = dim + ndim + 1 if dim < 0 else dim
+    if wrapped < ndim:
+        cat = emit(aten.cat.default, (list(tensors), wrapped) if wrapped else (list(tensors),))
+        shape = list(tensors[0].meta["val"].shape)
+        shape.insert(wrapped, len(tensors))
+        return emit(aten.view.default, (cat, shape))
+    parts = [emit(aten.unsqueeze.default, (t, wrapped)) for t in tensors]
+    return emit(aten.cat.default, (parts, dim) if dim else (parts,))
+
+
+def _max_pool2d(node, emit):
+    """max_pool2d is max_pool2d_with_indices (the same arguments) and the first of its results; tracing also
+    takes the second (the indices), which nothing reads: its name is used up all the same."""
+    pool = emit(aten.max_pool2d_with_indices.default, node.args)
+    return emit(operator.getitem, (pool, 0), 1)
+
+
+# Non-core ops whose decomposition is several nodes (or takes a new node's name): built from torch's own rule,
+# each new node's value computed in the program's fake mode; the graph's names are then given again in order,
+# as a re-trace gives them.
+_DIRECT_MANY = {
+    aten.stack.default: _stack,
+    aten.max_pool2d.default: _max_pool2d,
+}
+
+
+def _trace_name_of(target) -> str | None:
+    """The name tracing gives a call of ``target`` (before a number makes it unique)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._opname
+    return "getitem" if target is operator.getitem else None
+
+
+def _trace_name(node: torch.fx.Node) -> str:
+    return (_trace_name_of(node.target) if node.op == "call_function" else None) or node.name
+
+
+def _traced_names(graph: torch.fx.Graph) -> list[str]:
+    """The names a trace gives ``graph``'s nodes, in order."""
+    names = torch.fx.graph._Namespace()
+    return [names.create_name(_trace_name(n), None) for n in graph.nodes]
+
+
+def _named_as_traced(gm: GraphModule, unnamed_after: dict) -> GraphModule:
+    """``gm`` with its nodes named as tracing it would name them; ``unnamed_after[node]`` names were used up
+    after ``node`` by values nothing reads."""
+    graph, env = torch.fx.Graph(), {}
+    for n in gm.graph.nodes:
+        env[n] = graph.create_node(n.op, n.target, torch.fx.node.map_arg(n.args, env.__getitem__),
+                                   torch.fx.node.map_arg(n.kwargs, env.__getitem__), _trace_name(n), n.type)
+        env[n].meta = n.meta
+        for _ in range(unnamed_after.get(n, 0)):
+            graph._graph_namespace.create_name(_trace_name(n), None)
+    return GraphModule(gm, graph)
+
+
 def direct_core_aten(ep: ExportedProgram, preserve=PRESERVED_OPS) -> GraphModule | None:
     """The core-ATen graph by rewriting a few ops in a copy of the graph, when that is all decomposing
-    would do (ordinary CNNs: seconds faster than re-tracing); None when a full decomposition is needed."""
+    would do (ordinary CNNs, and recurrences' stacks: seconds faster than re-tracing); None when a full
+    decomposition is needed."""
     table = decomposition_table(preserve)
     graph = torch.fx.Graph()
     out = graph.graph_copy(ep.graph, {})
     graph.output(out)
+    unnamed_after: dict = {}
+    renamed = False
     for node in list(graph.nodes):
         if node.op != "call_function" or not _decomposed(node.target, table, preserve):
             continue
         rewrite = _DIRECT.get(node.target)
+        many = _DIRECT_MANY.get(node.target)
         new = rewrite(node) if rewrite else None
-        if new is None:
+        if new is None and many is None:
             return None
-        with graph.inserting_before(node):
-            call = graph.create_node("call_function", new[0], tuple(new[1]), name=new[0]._opname)  # as decomposing names it
-        call.meta = dict(node.meta)
+        if many is not None:
+            if not renamed and _traced_names(ep.graph) != [n.name for n in ep.graph.nodes]:
+                return None  # names a re-trace would not keep: only a re-trace gives them
+            renamed = True
+
+            def emit(target, args, unnamed_after_this=0, node=node):
+                with graph.inserting_before(node):
+                    made = graph.create_node("call_function", target, tuple(args), name=_trace_name_of(target))
+                made.meta = {k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")}
+                made.meta["val"] = _fake_value(target, made.args)
+                if isinstance(made.meta["val"], torch.Tensor):
+                    made.meta["tensor_meta"] = _extract_tensor_metadata(made.meta["val"])
+                if unnamed_after_this:
+                    unnamed_after[made] = unnamed_after_this
+                return made
+
+            call = many(node, emit)
+        else:
+            with graph.inserting_before(node):
+                call = graph.create_node("call_function", new[0], tuple(new[1]), name=new[0]._opname)  # as decomposing names it
+            call.meta = dict(node.meta)
         node.replace_all_uses_with(call)
         graph.erase_node(node)
-    return GraphModule(ep.graph_module, graph)
+    gm = GraphModule(ep.graph_module, graph)
+    return _named_as_traced(gm, unnamed_after) if renamed else gm
+
+
+def _fake_value(target, args):
+    """A new node's value: ``target`` run on its inputs' fake values, in their fake mode."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.node import map_arg
+
+    values = map_arg(args, lambda n: n.meta["val"])
+    mode = detect_fake_mode(torch.utils._pytree.tree_leaves(values))
+    if target is operator.getitem:
+        return values[0][values[1]]
+    with mode:
+        return target(*values)
 
 
 def inline_constants(ep: ExportedProgram, gm: GraphModule | None = None) -> CapturedProgram:
