@@ -372,9 +372,6 @@ def assert_npu_bit_exact(tosa: bytes, payload, seeds=(0, 1)) -> None:
 NPU_DIFFERENCES = {
     "upsample_nearest_4x2": "Vela 5.2 legalises a (4, 2) nearest upsample as two IFM_UPSCALE NEAREST passes; "
                             "NEAREST doubles height and width alike, so input columns repeat 4x, not 2x",
-    "conv_amin_channels": "the last SUB's IFM2 registers describe 4 values (width 4, stride_x 1) broadcast over "
-                          "channels where the TOSA needs 20 (stride_x 5): no reading of those registers gives "
-                          "TOSA's 20 distinct minima",
 }
 
 
