@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, ethosu_delegates, npu_inputs
+from tosakit.capture import export
 from tosakit.errors import TosakitError
 from tosakit.flow import compile, quantize_model
 from tosakit.runtime.ethosu import npu, weights
@@ -31,14 +32,20 @@ CONFIGS = [("ethos-u55-128", "Shared_Sram"), ("ethos-u55-128", "Sram_Only"), ("e
            ("ethos-u55-256", None), ("ethos-u65-256", "Dedicated_Sram")]
 
 
-_QUANTIZED: dict[tuple[str, str], torch.fx.GraphModule] = {}  # a model quantized once per TOSA profile
+_QUANTIZED: dict[tuple[str, str], torch.export.ExportedProgram] = {}  # a model quantized once per TOSA profile
+
+
+def quantized_once(model: nn.Module, inputs: tuple, spec: EthosUCompileSpec, **calibration):
+    """``model`` quantized for ``spec``'s TOSA profile (the quantizer reads the profile, not the configuration),
+    exported: each configuration's compile lowers it as it is, without quantizing or exporting it again."""
+    return export(quantize_model(model, inputs, spec, **calibration), inputs)
 
 
 def delegates(model: nn.Module, inputs: tuple, target="ethos-u55-128", memory_mode=None, key: str | None = None,
               **options):
     """(TOSA, parsed payload) of each Ethos-U delegate of ``model`` compiled int8 for ``target``; with ``key`` (a
-    model's name), quantized once for all configurations of one TOSA profile (the quantizer reads the profile,
-    not the configuration) and only lowered and compiled per configuration."""
+    model's name), quantized once for all configurations of one TOSA profile and only lowered and compiled per
+    configuration."""
     torch.manual_seed(0)
     spec = EthosUCompileSpec(target, memory_mode=memory_mode)
     if key is None or options:
@@ -46,7 +53,7 @@ def delegates(model: nn.Module, inputs: tuple, target="ethos-u55-128", memory_mo
     else:
         profile = (key, str(spec.tosa_spec))
         if profile not in _QUANTIZED:
-            _QUANTIZED[profile] = quantize_model(model.eval(), inputs, spec, calibration=[inputs])
+            _QUANTIZED[profile] = quantized_once(model.eval(), inputs, spec, calibration=[inputs])
         compiled = compile(_QUANTIZED[profile], inputs, spec)  # already quantized: lowered and compiled only
     found = ethosu_delegates(compiled)
     assert found, "nothing was delegated"
@@ -403,6 +410,22 @@ def _op_cases(flavour: str = "u55"):
     return cases
 
 
+def test_an_exported_program_compiles_for_each_configuration_as_its_graph_does():
+    """The sweeps export a quantized graph once and compile that for every configuration: each program equals the
+    one compiling the graph itself gives, whatever was compiled from the export before (nothing is changed in it)."""
+    model, shape = CONVS["5x5_stride2"]
+    inputs = (torch.randn(shape, generator=torch.Generator().manual_seed(0)),)
+    torch.manual_seed(0)
+    spec = EthosUCompileSpec("ethos-u55-64")
+    graph = quantize_model(model.eval(), inputs, spec)
+    exported = export(graph, inputs)
+    for target, memory_mode in [*CONFIGS[1:], ("ethos-u85-256", None), CONFIGS[1]]:
+        each = EthosUCompileSpec(target, memory_mode=memory_mode)
+        assert compile(exported, inputs, each).program.buffer == compile(graph, inputs, each).program.buffer
+    with pytest.raises(TosakitError, match="cannot be quantized"):
+        compile(exported, inputs, spec, quantize=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("op_table,name", _op_cases())
 def test_op_case_every_configuration(op_table, name):
@@ -410,7 +433,7 @@ def test_op_case_every_configuration(op_table, name):
     (or differing exactly where NPU_DIFFERENCES pins it)."""
     module, inputs = op_table.build(name)
     torch.manual_seed(0)
-    quantized = quantize_model(module, inputs, EthosUCompileSpec("ethos-u55-64"))  # one profile for U55 and U65
+    quantized = quantized_once(module, inputs, EthosUCompileSpec("ethos-u55-64"))  # one profile for U55 and U65
     for target, memory_mode in _OTHER_CONFIGS:
         for tosa, payload in ethosu_delegates(compile(quantized, inputs, EthosUCompileSpec(target,
                                                                                           memory_mode=memory_mode))):
@@ -485,7 +508,7 @@ def test_op_case_every_u85_configuration(op_table, name):
     """Each op-table case the U85 takes, compiled for the other four Ethos-U85 configurations, bit for bit."""
     module, inputs = op_table.build(name)
     torch.manual_seed(0)
-    quantized = quantize_model(module, inputs, EthosUCompileSpec("ethos-u85-256"))  # one profile for every U85
+    quantized = quantized_once(module, inputs, EthosUCompileSpec("ethos-u85-256"))  # one profile for every U85
     for target, memory_mode in U85_CONFIGS:
         if (target, memory_mode) != ("ethos-u85-256", None):
             _u85_bit_exact(ethosu_delegates(compile(quantized, inputs, EthosUCompileSpec(target,

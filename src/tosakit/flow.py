@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import torch
+from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
 from .backends.ethosu import EthosUPartitioner
@@ -57,12 +58,20 @@ def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompi
 def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmCompileSpec, *, quantize: bool = False,
             delegate: bool = True, config: QuantizationConfig | None = None,
             calibration: Iterable[tuple] | None = None, additional_checks=None) -> Compiled:
-    """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program."""
+    """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program. ``model``
+    may be exported already (an ``ExportedProgram``, e.g. of a quantized graph compiled for several targets):
+    it is then lowered as it is."""
     spec = target if isinstance(target, ArmCompileSpec) else compile_spec_for_target(target)
-    if not isinstance(model, GraphModule):  # exported modules refuse .eval(); they are already traced
-        model = model.eval()
-    quantized = quantize_model(model, example_inputs, spec, config, calibration) if quantize else None
-    ep = export(quantized if quantized is not None else model, example_inputs)
+    if isinstance(model, ExportedProgram):
+        if quantize:
+            raise TosakitError("an exported program cannot be quantized: it is lowered as it is",
+                               "pass the model itself to quantize it, or its quantized graph exported")
+        ep, quantized = model, None
+    else:
+        if not isinstance(model, GraphModule):  # exported modules refuse .eval(); they are already traced
+            model = model.eval()
+        quantized = quantize_model(model, example_inputs, spec, config, calibration) if quantize else None
+        ep = export(quantized if quantized is not None else model, example_inputs)
     partitioners = [partitioner_for(spec, additional_checks)] if delegate else []
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
     return Compiled(spec, quantized, edge, edge.to_executorch())
