@@ -164,7 +164,7 @@ def test_weight_streams_found_ahead_are_the_ones_the_run_reads(target, memory_mo
     """The streams the codec decodes ahead of a run, found from the registers alone, are exactly the ones
     its convolutions read, in order: from flash, or through the DMA that copied them into SRAM."""
     model, inputs = MODELS["mv2"].factory()
-    [(_, payload)] = delegates(model, inputs, target, memory_mode)
+    [(_, payload)] = delegates(model, inputs, target, memory_mode, key="mv2")
     stream = decode(payload.cmd_data)
     regions = {c.field("region") for c in stream.commands if c.register.name == "NPU_SET_WEIGHT_REGION"}
     # Weights read from flash (region 0), and from the SRAM a DMA copied them into: the scratch (region 1) in
