@@ -280,6 +280,8 @@ def _stack(node, emit):
     new last axis) an unsqueeze of each tensor and a cat; a default argument (dim 0) is left out, as tracing
     records it."""
     tensors, dim = _schema_args(node)
+    if not isinstance(tensors[0].meta.get("val"), torch.Tensor):
+        raise _NoFakeValue
     ndim = tensors[0].meta["val"].dim()
     wrapped = dim + ndim + 1 if dim < 0 else dim
     if wrapped < ndim:
@@ -371,7 +373,10 @@ def direct_core_aten(ep: ExportedProgram, preserve=PRESERVED_OPS) -> GraphModule
                     unnamed_after[made] = unnamed_after_this
                 return made
 
-            call = many(node, emit)
+            try:
+                call = many(node, emit)
+            except _NoFakeValue:
+                return None  # values this path cannot compute: the re-trace computes them
         else:
             with graph.inserting_before(node):
                 call = graph.create_node("call_function", new[0], tuple(new[1]), name=new[0]._opname)  # as decomposing names it
@@ -382,15 +387,25 @@ def direct_core_aten(ep: ExportedProgram, preserve=PRESERVED_OPS) -> GraphModule
     return _named_as_traced(gm, unnamed_after) if renamed else gm
 
 
+class _NoFakeValue(Exception):
+    """A new node's value cannot be computed from its inputs' (a graph without fake values)."""
+
+
 def _fake_value(target, args):
     """A new node's value: ``target`` run on its inputs' fake values, in their fake mode."""
     from torch._guards import detect_fake_mode
     from torch.fx.node import map_arg
 
+    inputs: list[torch.fx.Node] = []
+    map_arg(args, inputs.append)
+    if any("val" not in n.meta for n in inputs):
+        raise _NoFakeValue
     values = map_arg(args, lambda n: n.meta["val"])
-    mode = detect_fake_mode(torch.utils._pytree.tree_leaves(values))
     if target is operator.getitem:
         return values[0][values[1]]
+    mode = detect_fake_mode(torch.utils._pytree.tree_leaves(values))
+    if mode is None:
+        raise _NoFakeValue
     with mode:
         return target(*values)
 
