@@ -211,9 +211,14 @@ def _emit_conv(ctx: Lowering, node: Node, op, x: Value, w_np: np.ndarray, b: tor
     return ctx.fused_clamp(acc, node)
 
 
+def _out_size(size: int, k: int, s: int, d: int, before: int, after: int) -> int:
+    """Outputs along one axis of a window of ``k`` taps, stride ``s``, dilation ``d``, TOSA padding."""
+    return (size + before + after - (k - 1) * d - 1) // s + 1
+
+
 def _live_taps(size: int, k: int, s: int, d: int, before: int, after: int) -> tuple[int, int]:
     """(first, last) kernel tap along one axis that reads the input at some output; the rest read padding only."""
-    out = (size + before + after - (k - 1) * d - 1) // s + 1
+    out = _out_size(size, k, s, d, before, after)
     starts = np.arange(out) * s - before
     live = [t for t in range(k) if np.any((starts + t * d >= 0) & (starts + t * d < size))]
     return (live[0], live[-1]) if live else (0, k - 1)
@@ -252,7 +257,7 @@ def _by_regions(k: int, stride: int, d: int) -> bool:
 def _tap_runs(size: int, k: int, d: int, before: int, after: int) -> list[tuple[int, int, int, int]] | None:
     """Along one stride-1 axis: (first, stop) output runs that read the same live taps (first, last); None when
     some output reads padding only (its bias alone: left to the dilated form)."""
-    out = size + before + after - (k - 1) * d
+    out = _out_size(size, k, 1, d, before, after)
     runs = []
     for i in range(out):
         live = [t for t in range(k) if 0 <= i + t * d - before < size]
@@ -277,8 +282,7 @@ def _dilated_regions(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: to
     axes = []
     for a in (0, 1):  # an axis without runs is kept whole: the kernel, padding and dilation of the convolution
         k, size, before, after = w.shape[2 + a], x.shape[1 + a], pads[2 * a], pads[2 * a + 1]
-        axes.append(runs[a] or [(None, (size + before + after - (k - 1) * dilation[a] - 1) // stride[a] + 1, None,
-                                 None)])
+        axes.append(runs[a] or [(None, _out_size(size, k, stride[a], dilation[a], before, after), None, None)])
     rows = []
     for r0, r1, a0, a1 in axes[0]:
         cols = []
