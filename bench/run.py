@@ -328,10 +328,10 @@ def zoo(args) -> None:
 
 def llm(args) -> None:
     """SmolLM2-135M's shape (random weights) on ethos-u85-256 as ExecuTorch's Arm backend tests it
-    (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB), int8, with a 64-position KV cache: a 32-token prefill program
-    and a one-token decode program, compiled and written; prefill and 8 decode steps run from the .pte files on
-    the host (the command streams simulated) against the fake-quantized models; cycles per call and per decode
-    token, the memory each needs."""
+    (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB), int8, with a 64-position KV cache updated in place (int8 state
+    shared by the program's two methods): a 32-token prefill method and a one-token decode method, compiled and
+    written; prefill and 8 decode steps run from the .pte on the host (the command streams simulated) against
+    the fake-quantized models; cycles per call and per decode token, the memory each needs."""
     import torch
 
     from tosakit.generate import compile_decoder, generate
@@ -357,7 +357,7 @@ def llm(args) -> None:
         reports = [d.report for d in compiled.edge.delegates]
         figures = Figures.of(reports, seconds, len(cpu))
         loaded = load(programs.paths[which])
-        pools = runner_memory(loaded.program, loaded.segments, loaded.plan())
+        pools = runner_memory(loaded.program, loaded.segments, loaded.plan(programs.methods[which]))
         per = f" ({figures.cycles / prompt.shape[1]:,.0f} per token)" if which == "prefill" else " per token"
         print(f"  {which}: {len(compiled.edge.delegates)} delegate(s), CPU compute ops {len(cpu)}; cycles "
               f"{figures.cycles:,}{per}, {1e3 * sum(r.inference_time_s for r in reports):.2f} ms at the NPU clock; "
@@ -366,7 +366,8 @@ def llm(args) -> None:
         print(f"    SRAM {figures.sram / 1024:.0f} KiB; encoded weights "
               f"{sum(r.weights_encoded_bytes for r in reports) / 2**20:.1f} MiB; .pte "
               f"{programs.paths[which].stat().st_size / 2**20:.1f} MiB; Ethos-U scratch "
-              f"{sum(d.scratch or 0 for d in pools.delegates) / 2**20:.2f} MiB; runner method pool "
+              f"{sum(d.scratch or 0 for d in pools.delegates) / 2**20:.2f} MiB; KV cache (state) "
+              f"{_state_bytes(loaded.plan(programs.methods[which])) / 1024:.0f} KiB; runner method pool "
               f"{pools.runner_method_pool / 1024:.0f} KiB, temp pool {pools.temp_pool / 2**20:.2f} MiB")
     start = time.perf_counter()
     want, want_logits = generate(programs.fake_quant_step(), model, prompt, steps)
@@ -381,6 +382,14 @@ def llm(args) -> None:
           f"fake-quantized models ({reference_s:.0f} s): tokens {'equal' if got == want else 'DIFFER'} {got}; "
           f"logits equal in {sum(d == 0 for d in diffs)} of {len(diffs)} calls, at most {max(diffs):.0f} step(s) "
           "apart")
+
+
+def _state_bytes(plan) -> int:
+    """Bytes of the state a method writes back (``aten::copy_`` destinations)."""
+    from tosakit.runtime.inspect import state_values
+    from tosakit.runtime.validate import tensor_nbytes
+
+    return sum(tensor_nbytes(plan.values[i].val) for i in state_values(plan))
 
 
 def hostile(args) -> None:

@@ -109,6 +109,19 @@ class EtOracle:
         with np.load(outs) as saved:
             return [saved[f"out{i}"] for i in range(count)]
 
+    def run_calls(self, pte: str | os.PathLike, calls: list[tuple[str, tuple]]) -> list[list[np.ndarray]]:
+        """Load ``pte`` once and execute its methods in turn, ``calls`` being (method, inputs): each call's
+        outputs (the program's state carries from call to call, and between methods)."""
+        pte = Path(pte)
+        ins, outs = pte.with_suffix(".inputs.npz"), pte.with_suffix(".outputs.npz")
+        np.savez(ins, **{f"c{k}_arg{i}": np.asarray(x) for k, (_, inputs) in enumerate(calls)
+                         for i, x in enumerate(inputs)})
+        self._call("run_calls", pte=pte, inputs=ins, outputs=outs, calls=[m for m, _ in calls])
+        with np.load(outs) as saved:
+            return [[saved[name] for name in sorted((n for n in saved.files if n.startswith(f"c{k}_out")),
+                                                     key=lambda n: int(n.rsplit("out", 1)[1]))]
+                    for k in range(len(calls))]
+
     def kernels(self) -> set[str]:
         """'aten::add.out', ...: every operator the runtime registers a kernel for."""
         return set(self._call("kernels")["kernels"])

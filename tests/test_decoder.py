@@ -8,6 +8,7 @@ import torch
 
 from tosakit.errors import TosakitError
 from tosakit.generate import compile_decoder, float_step, generate
+from tosakit.runtime import load
 from tosakit.zoo import field
 from tosakit.zoo.decoder import Decoder, DecoderConfig, decode_inputs, prefill_inputs
 
@@ -114,3 +115,98 @@ def test_decoder_cpu_programs_run_in_executorch(program_check, which, quantize):
             _, *caches = model(*inputs)
         inputs = decode_inputs(5, PROMPT.shape[1], caches)
     program_check.cpu_only(model, inputs, quantize=quantize)
+
+
+# ------------------------------------------------------------------ the KV cache as the program's state
+
+
+def _in_place() -> Decoder:
+    torch.manual_seed(0)
+    return Decoder(TINY, cache_in_place=True).eval()
+
+
+def test_in_place_cache_gives_the_same_logits_as_the_cache_passed_in():
+    """The attentions' own caches, written in place, give the logits of the caches handed from call to call."""
+    io, own = _decoder(), _in_place()
+    assert not set(own.state_dict()) ^ set(io.state_dict())  # the caches are not weights: HF state dicts load
+    _, want = generate(float_step(io), io, PROMPT, STEPS)
+    _, got = generate(float_step(own), own, PROMPT, STEPS)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def in_place(tmp_path_factory):
+    return compile_decoder(_in_place(), PROMPT, "ethos-u85-256", tmp_path_factory.mktemp("in_place"), steps=STEPS)
+
+
+@pytest.mark.slow
+def test_in_place_cache_is_one_program_with_two_methods_u85(in_place):
+    """One decoder.pte, methods prefill and decode, each one Ethos-U85 delegate with every op on the NPU; the four
+    caches are int8 state in arena 2, which both methods read and write (no quantize on the CPU: the only kernels
+    are the logits' dequantize and the caches' write-back); Vela's figures equal the cache-as-I/O programs'."""
+    from tosakit.runtime.inspect import describe
+
+    assert in_place.paths["prefill"] == in_place.paths["decode"] and in_place.paths["decode"].name == "decoder.pte"
+    loaded = load(in_place.paths["decode"])
+    assert loaded.method_names == ["prefill", "decode"]
+    for which in ("prefill", "decode"):
+        compiled = getattr(in_place, which)
+        cpu = [p.node for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        assert not cpu and len(compiled.edge.delegates) == 1, cpu
+        assert compiled.edge.delegates[0].tosa_ops["SCATTER"] == 2 * TINY.num_hidden_layers
+        caches = [n for n in compiled.edge.program.graph.nodes if n.op == "placeholder" and "state" in n.meta]
+        assert len(caches) == 4 and all(n.meta["val"].dtype == torch.int8 for n in caches)
+        plan = loaded.plan(which)
+        assert {o.name for o in plan.operators} == {"quantized_decomposed::dequantize_per_tensor", "aten::copy_"}
+    text = describe(loaded)
+    cache = 2 * TINY.num_hidden_layers * 1 * TINY.num_key_value_heads * TINY.max_positions * TINY.head_dim
+    assert text.count(f"state: 4 buffer(s), {cache / 1024:.1f} KiB, kept from call to call in arena(s) 2 (arena 2: "
+                      "shared with the program's other methods)") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_in_place_generation_equals_the_fake_quantized_models(in_place):
+    """Prefill and 8 decode steps from decoder.pte (the command streams simulated, the cache kept by the program
+    between calls and methods): the fake-quantized models' tokens, every call's logits within one step of theirs
+    (TOSA and PyTorch round exact ties apart), most equal to the last bit; a program loaded anew starts from an
+    empty cache again."""
+    model = _in_place()
+    want, want_logits = generate(in_place.fake_quant_step(), model, PROMPT, STEPS)
+    got, got_logits = generate(in_place.program_step(engine="npu"), model, PROMPT, STEPS)
+    assert got == want and len(got) == STEPS + 1
+    steps = [in_place.logits_step("prefill")] + [in_place.logits_step("decode")] * STEPS
+    diffs = [float((g - w).abs().max()) / s for g, w, s in zip(got_logits, want_logits, steps)]
+    assert max(diffs) <= 1.0001 and sum(d == 0 for d in diffs) > len(diffs) // 2, diffs
+    fresh = in_place.program_step(engine="npu")
+    alone = fresh("decode", decode_inputs(got[0], PROMPT.shape[1], []))[0]
+    assert float((alone[0, -1] - got_logits[1]).abs().max()) > 2 * steps[1]  # the cache carried the prompt
+
+
+@pytest.mark.slow
+def test_in_place_decoder_cpu_program_runs_in_executorch(program_check, tmp_path):
+    """Without a delegate, the two-method program runs in ExecuTorch's runtime, which shares the methods' state
+    (arena 2): prefill then two decode steps equal PyTorch's, in ExecuTorch and in `tosakit run`."""
+    from tosakit.capture import export
+    from tosakit.flow import compile
+    from tosakit.program.emit import program_from_methods
+    from tosakit.program.pte import serialize_pte
+
+    model, reference = _in_place(), _in_place()
+    calls = [("prefill", prefill_inputs(model, PROMPT)), ("decode", decode_inputs(7, 12, [])),
+             ("decode", decode_inputs(9, 13, []))]
+    compiled = {which: compile(export(model, inputs), inputs, "TOSA-1.0+FP", delegate=False)
+                for which, inputs in calls[:2]}
+    emitted = program_from_methods({w: (c.edge.program.graph_module, c.edge.program.in_spec, c.edge.program.out_spec)
+                                    for w, c in compiled.items()})
+    path = tmp_path / "decoder.pte"
+    path.write_bytes(serialize_pte(emitted.program, emitted.segments))
+    et = program_check.oracle.run_calls(path, calls)
+    loaded = load(path)
+    for (which, inputs), outs in zip(calls, et):
+        with torch.no_grad():
+            want = reference(*inputs)[0]
+        host = loaded.run(list(inputs), which)[0]
+        program_check.assert_matches(torch.from_numpy(outs[0]), want, None, f"{which}: ExecuTorch vs PyTorch")
+        program_check.assert_matches(host, want, None, f"{which}: tosakit run vs PyTorch")

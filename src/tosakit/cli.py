@@ -471,10 +471,10 @@ def _cmd_generate(args) -> int:
     if args.prompt_length < 1 or args.steps < 0:
         raise TosakitError("--prompt-length must be at least 1 and --steps at least 0", "give positive counts")
     positions = args.max_positions or args.prompt_length + args.steps
-    model = hf_decoder(args.model_name, args.layers, positions)
+    model = hf_decoder(args.model_name, args.layers, positions, cache_in_place=args.kv_cache == "in-place")
     folder = Path(args.output or f"{args.model_name.rsplit('/', 1)[-1]}_{args.target}")
     if folder.exists() and not folder.is_dir():
-        raise TosakitError(f"-o {folder} is a file, not a folder", "name a folder for prefill.pte and decode.pte")
+        raise TosakitError(f"-o {folder} is a file, not a folder", "name a folder for the programs")
     folder.mkdir(parents=True, exist_ok=True)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_length),
                            generator=torch.Generator().manual_seed(args.seed), dtype=torch.int32)
@@ -486,8 +486,8 @@ def _cmd_generate(args) -> int:
     for which in ("prefill", "decode"):
         compiled = getattr(programs, which)
         cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
-        print(f"{which}: {programs.paths[which]}, {len(compiled.edge.delegates)} delegate(s), {len(cpu)} CPU compute "
-              f"op(s), {programs.cycles(which):,} cycles per call")
+        print(f"{which}: {programs.paths[which]} method {programs.methods[which]}, {len(compiled.edge.delegates)} "
+              f"delegate(s), {len(cpu)} CPU compute op(s), {programs.cycles(which):,} cycles per call")
     print(f"compiled in {time.perf_counter() - start:.1f} s")
     progress.step(f"generating: prefill and {args.steps} decode steps from the .pte files, and from the "
                   "fake-quantized models")
@@ -646,7 +646,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
     g.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
     g.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
-    g.add_argument("-o", "--output", help="folder for prefill.pte and decode.pte (default <model>_<target>)")
+    g.add_argument("--kv-cache", "--kv_cache", choices=("in-place", "io"), default="in-place",
+                   help="in-place (default): the cache is the program's state, one decoder.pte with methods prefill "
+                        "and decode; io: the cache is each call's inputs and outputs, prefill.pte and decode.pte")
+    g.add_argument("-o", "--output", help="folder for the programs (default <model>_<target>)")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     _add_limits(g, memory="12G")  # a 135M-parameter decoder's simulation
     g.set_defaults(func=_cmd_generate)

@@ -11,7 +11,7 @@ from torch.fx import GraphModule
 
 from .backends.ethosu import EthosUPartitioner
 from .backends.vgf import VgfPartitioner
-from .capture import export
+from .capture import export, own_state
 from .errors import TosakitError
 from .lower import TOSAPartitioner
 from .program import EdgeProgramManager, ExecutorchProgramManager, to_edge_transform_and_lower
@@ -50,7 +50,7 @@ def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompi
         raise TosakitError(f"cannot quantize for {spec.target_name}: it has no integer TOSA profile",
                            "choose TOSA-1.0+INT, vgf or an Ethos-U target, or do not quantize")
     quantizer = quantizer_for(spec).set_global(config or get_symmetric_quantization_config(is_per_channel=True))
-    gm = export(model, example_inputs).module()
+    gm = own_state(export(model, example_inputs).module())
     with torch.no_grad():
         return quantizer.quantize_with_submodules(gm, list(calibration) if calibration else [example_inputs])
 

@@ -1,7 +1,9 @@
 """A decoder's prefill and decode programs, and greedy generation with them on the host.
 
 ``compile_decoder`` quantizes and compiles one ``zoo.decoder.Decoder`` twice — the prompt's length (prefill) and
-one token (decode) — calibrated on the float model's own greedy run, and writes the two ``.pte`` files.
+one token (decode) — calibrated on the float model's own greedy run. A decoder whose KV cache is its own state
+(``cache_in_place``) becomes one ``decoder.pte`` with methods ``prefill`` and ``decode`` sharing the cache, kept
+as int8 in the program's memory; one with the cache as inputs and outputs becomes two ``.pte`` files.
 ``generate`` runs a step function greedily: the prompt, then one token per step, the KV caches handed from each
 step's outputs to the next one's inputs. ``Generation`` compares the programs (the ``.pte`` files, run by the
 host runtime) with the fake-quantized models (evaluated exactly) and the float model, step by step."""
@@ -14,10 +16,14 @@ from typing import Callable
 
 import torch
 
+from .capture import export, graph_attr, own_state, written_attrs
 from .errors import TosakitError, write_atomic
-from .flow import Compiled, compile
+from .flow import Compiled, compile, quantizer_for
+from .program.emit import program_from_methods
+from .program.pte import serialize_pte
 from .quantize import QuantizationConfig
-from .specs import ArmCompileSpec
+from .quantize.config import get_symmetric_quantization_config
+from .specs import ArmCompileSpec, compile_spec_for_target
 from .zoo.decoder import Decoder, decode_inputs, prefill_inputs
 
 Step = Callable[[str, tuple], tuple]  # ("prefill" | "decode", inputs) -> (logits, *caches)
@@ -51,26 +57,30 @@ def float_step(model: Decoder) -> Step:
 
 @dataclass
 class DecoderPrograms:
-    """The prefill and decode programs: compiled (for their fake-quantized models and Vela's figures) and written."""
+    """The prefill and decode programs: compiled (for their fake-quantized models and Vela's figures) and written;
+    ``paths`` and ``methods`` say where each is (one file with two methods when the cache is the program's state)."""
 
     prefill: Compiled
     decode: Compiled
     paths: dict[str, Path]
+    methods: dict[str, str]
 
     def fake_quant_step(self) -> Step:
-        """The fake-quantized models, evaluated exactly (what the programs must equal)."""
+        """The fake-quantized models, evaluated exactly (what the programs must equal), sharing their state."""
         from .runtime import evaluate_exact
 
         models = {"prefill": self.prefill.quantized, "decode": self.decode.quantized}
+        share_state(models["prefill"], models["decode"])
         return lambda which, inputs: evaluate_exact(models[which], *inputs)
 
     def program_step(self, engine: str | None = None, limits=None) -> Step:
-        """The ``.pte`` files, read and run by the host runtime (Ethos-U delegates on ``engine``, within
-        ``runtime.Limits``: a 135M-parameter decoder's simulation needs more than the default gigabyte)."""
+        """The ``.pte`` files, read once each and run by the host runtime (Ethos-U delegates on ``engine``, within
+        ``runtime.Limits``: a 135M-parameter decoder's simulation needs more than the default gigabyte); a
+        program's state starts anew with each step function."""
         from .runtime import load
 
-        loaded = {which: load(path, engine=engine, limits=limits) for which, path in self.paths.items()}
-        return lambda which, inputs: tuple(loaded[which].run(inputs))
+        loaded = {path: load(path, engine=engine, limits=limits) for path in set(self.paths.values())}
+        return lambda which, inputs: tuple(loaded[self.paths[which]].run(inputs, self.methods[which]))
 
     def logits_step(self, which: str) -> float:
         """The quantization step of ``which``'s logits output (the programs and the fake-quantized models round
@@ -87,16 +97,90 @@ class DecoderPrograms:
         return sum(d.report.total_cycles for d in compiled.edge.delegates if d.report is not None)
 
 
-def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec, folder: str | Path, steps: int = 8,
-                    config: QuantizationConfig | None = None) -> DecoderPrograms:
-    """Quantize and compile ``model`` for a ``prompt``-long prefill and a one-token decode, each calibrated on the
-    float model's greedy run (the prompt; the ``steps`` decode calls), and write ``prefill.pte`` and
-    ``decode.pte`` into ``folder``."""
-    calls: dict[str, list[tuple]] = {"prefill": [], "decode": []}
+def share_state(*models: torch.nn.Module) -> None:
+    """The state buffers (written in place) of the first graph become the others' too, tensor for tensor: the
+    graphs of one model's methods then read and write one KV cache."""
+    first = models[0]
+    for name in written_attrs(first.graph):
+        for other in models[1:]:
+            owner, _, leaf = name.rpartition(".")
+            setattr(other.get_submodule(owner) if owner else other, leaf, graph_attr(first, _attr_node(first, name)))
+
+
+def _attr_node(gm, name: str):
+    return next(n for n in gm.graph.nodes if n.op == "get_attr" and n.target == name)
+
+
+def _state_observers(gm, name: str) -> list:
+    """The observers reading state ``name`` where the graph reads it."""
+    return [gm.get_submodule(u.target) for u in _attr_node(gm, name).users if u.op == "call_module"]
+
+
+def _first_inputs(calls: list[tuple[str, tuple]]) -> dict[str, tuple]:
+    """Each method's first inputs, the methods in the order they first ran (prefill, decode)."""
+    first: dict[str, tuple] = {}
+    for which, inputs in calls:
+        first.setdefault(which, inputs)
+    return first
+
+
+def _quantize_sharing_state(model: Decoder, calls: list[tuple[str, tuple]], spec: ArmCompileSpec,
+                            config: QuantizationConfig | None) -> dict[str, torch.nn.Module]:
+    """The prefill and decode graphs quantized as one model: calibrated on the calls in the order they ran, with one
+    KV cache between them, and each cache quantized alike in both (its observers' ranges joined), so the program
+    keeps it as integers that either method reads."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = quantizer_for(spec).set_global(config or get_symmetric_quantization_config(is_per_channel=True))
+    first = _first_inputs(calls)
+    with torch.no_grad():
+        prepared = {which: prepare_pt2e(own_state(export(model, inputs).module()), quantizer)
+                    for which, inputs in first.items()}
+        share_state(*prepared.values())
+        graphs = list(prepared.values())
+        initial = {name: graph_attr(graphs[0], _attr_node(graphs[0], name)).clone()
+                   for name in written_attrs(graphs[0].graph)}
+        for which, inputs in calls:
+            prepared[which](*inputs)
+        for name, value in initial.items():
+            observers = [o for g in graphs for o in _state_observers(g, name)]
+            if observers and all(hasattr(o, "min_val") for o in observers):
+                low = torch.stack([o.min_val for o in observers]).min()
+                high = torch.stack([o.max_val for o in observers]).max()
+                for o in observers:
+                    o.min_val.copy_(low)
+                    o.max_val.copy_(high)
+            graph_attr(graphs[0], _attr_node(graphs[0], name)).copy_(value)  # calibration ran; the cache starts over
+        return {which: convert_pt2e(p) for which, p in prepared.items()}
+
+
+def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec | str, folder: str | Path,
+                    steps: int = 8, config: QuantizationConfig | None = None) -> DecoderPrograms:
+    """Quantize and compile ``model`` for a ``prompt``-long prefill and a one-token decode, calibrated on the float
+    model's greedy run (the prompt; the ``steps`` decode calls), and write them into ``folder``: ``decoder.pte``
+    (methods prefill and decode) when the cache is the model's state, else ``prefill.pte`` and ``decode.pte``."""
+    spec = spec if isinstance(spec, ArmCompileSpec) else compile_spec_for_target(spec)
+    calls: list[tuple[str, tuple]] = []
     run = float_step(model)
-    generate(lambda which, inputs: calls[which].append(inputs) or run(which, inputs), model, prompt, steps)
-    compiled = {which: compile(model, ins[0], spec, quantize=True, config=config, calibration=ins)
-                for which, ins in calls.items()}
+    state = {name: b.clone() for name, b in model.named_buffers()}
+    generate(lambda which, inputs: calls.append((which, inputs)) or run(which, inputs), model, prompt, steps)
+    for name, b in model.named_buffers():  # the float run wrote the cache; the programs start from the model's
+        b.copy_(state[name])
     folder = Path(folder)
-    paths = {which: write_atomic(folder / f"{which}.pte", c.program.buffer) for which, c in compiled.items()}
-    return DecoderPrograms(compiled["prefill"], compiled["decode"], paths)
+    if not model.cache_in_place:
+        compiled = {which: compile(model, next(i for w, i in calls if w == which), spec, quantize=True, config=config,
+                                   calibration=[i for w, i in calls if w == which])
+                    for which in ("prefill", "decode")}
+        paths = {which: write_atomic(folder / f"{which}.pte", c.program.buffer) for which, c in compiled.items()}
+        return DecoderPrograms(compiled["prefill"], compiled["decode"], paths, {w: "forward" for w in paths})
+    quantized = _quantize_sharing_state(model, calls, spec, config)
+    first = _first_inputs(calls)
+    compiled = {}
+    for which, gm in quantized.items():
+        c = compile(export(gm, first[which]), first[which], spec)
+        compiled[which] = Compiled(spec, gm, c.edge, c.program)
+    emitted = program_from_methods({which: (c.edge.program.graph_module, c.edge.program.in_spec,
+                                            c.edge.program.out_spec) for which, c in compiled.items()})
+    path = write_atomic(folder / "decoder.pte", serialize_pte(emitted.program, emitted.segments))
+    return DecoderPrograms(compiled["prefill"], compiled["decode"], {w: path for w in compiled},
+                           {w: w for w in compiled})

@@ -2,6 +2,9 @@
 
   load PTE [--method NAME]          load_program (InternalConsistency), optionally load_method too
   run PTE INPUTS_NPZ OUTPUTS_NPZ    execute `forward` on arg0, arg1, ... and save out0, out1, ...
+  (serve only) run_calls            execute one loaded program's methods in turn, {"calls": [method, ...]}: call
+                                    k's inputs c{k}_arg0, ..., its outputs c{k}_out0, ... (each method loaded
+                                    before the first call, as a device runner does; state carries over)
   export MODEL_PY OUT_PTE           export with ExecuTorch itself: MODEL_PY defines `model` and `example_inputs`,
                                     or is an ExportedProgram saved by torch.export.save (.pt2)
   kernels                           the operators the runtime has kernels for
@@ -44,6 +47,25 @@ def run(args):
     outputs = program.load_method("forward").execute(inputs)
     np.savez(args.outputs, **{f"out{i}": np.asarray(o) for i, o in enumerate(outputs)})
     return {"outputs": len(outputs)}
+
+
+def run_calls(args):
+    import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed kernels)
+    import numpy as np
+    import torch
+    from executorch.runtime import Runtime, Verification
+
+    arrays = np.load(args.inputs)
+    program = Runtime.get().load_program(args.pte, verification=Verification.InternalConsistency)
+    methods = {m: program.load_method(m) for m in args.calls}  # all loaded first: loading writes initial state
+    saved = {}
+    for k, method in enumerate(args.calls):
+        count = sum(1 for name in arrays.files if name.startswith(f"c{k}_arg"))
+        inputs = [torch.from_numpy(arrays[f"c{k}_arg{i}"]) for i in range(count)]
+        outputs = methods[method].execute(inputs)
+        saved.update({f"c{k}_out{i}": np.asarray(o) for i, o in enumerate(outputs)})
+    np.savez(args.outputs, **saved)
+    return {"calls": len(args.calls)}
 
 
 def kernels(_args):
@@ -92,7 +114,7 @@ def serve(_args):
     import tempfile
     import types
 
-    commands = {"load": load, "run": run, "export": export, "kernels": kernels, "export_ethosu": export_ethosu}
+    commands = {"load": load, "run": run, "run_calls": run_calls, "export": export, "kernels": kernels, "export_ethosu": export_ethosu}
     for line in sys.stdin:
         request = json.loads(line)
         log = tempfile.TemporaryFile()

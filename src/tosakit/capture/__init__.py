@@ -1,7 +1,9 @@
 """Stage 1: capture a model with ``torch.export`` and bring it to core ATen.
 
 The result every later stage works on is a plain ``GraphModule``: user inputs
-are placeholders, parameters and constants are ``get_attr`` attributes.
+are placeholders, parameters and constants are ``get_attr`` attributes. A buffer
+forward() updates is state: a placeholder marked ``meta["state"]`` (not a user
+input), whose new value is one of the outputs after the user's (``state_writes``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,43 @@ PRESERVED_OPS = (
 
 
 @dataclass
+class State:
+    """A buffer forward() updates (a running statistic, a KV cache): the program keeps it between calls, starting
+    from ``initial`` (ExecuTorch's mutable buffer)."""
+
+    name: str
+    initial: torch.Tensor
+
+
+STATE = "state"  # placeholder meta: the State a placeholder reads
+WRITES = "state_writes"  # output node meta: the state placeholders (names) the trailing outputs write, in order
+
+
+def state_writes(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, object]]:
+    """(state placeholder, new value) of each buffer the graph updates."""
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    names = out.meta.get(WRITES, [])
+    if not names:
+        return []
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    return list(zip((placeholders[n] for n in names), out.args[0][-len(names):]))
+
+
+def with_state(graph: torch.fx.Graph, inputs) -> tuple:
+    """Arguments for the graph's placeholders: the user's ``inputs`` in order, each state at its initial value (one
+    call from the start, as a freshly loaded program makes it)."""
+    given = iter(inputs)
+    return tuple(n.meta[STATE].initial if STATE in n.meta else next(given)
+                 for n in graph.nodes if n.op == "placeholder")
+
+
+def user_outputs(graph: torch.fx.Graph) -> list:
+    """The model's own outputs (the graph's, less its state writes)."""
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    return list(out.args[0][:len(out.args[0]) - len(out.meta.get(WRITES, []))])
+
+
+@dataclass
 class CapturedProgram:
     """A core-ATen graph with its constants inlined as attributes, plus pytree I/O specs."""
 
@@ -56,7 +95,7 @@ class CapturedProgram:
         return self.graph_module.graph
 
     def user_inputs(self) -> list[torch.fx.Node]:
-        return [n for n in self.graph.nodes if n.op == "placeholder"]
+        return [n for n in self.graph.nodes if n.op == "placeholder" and STATE not in n.meta]
 
     def __str__(self) -> str:
         return str(self.graph_module.graph)
@@ -90,13 +129,31 @@ def graph_attr(gm: GraphModule, node: torch.fx.Node):
     return value
 
 
-def _foldable(node: torch.fx.Node) -> bool:
+def written_attrs(graph: torch.fx.Graph) -> set[str]:
+    """The attributes an in-place op writes (a buffer forward() updates, as ``ep.module()`` has it): state, not
+    constants."""
+    return {n.args[0].target for n in graph.nodes if n.op == "call_function" and n.args
+            and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+            and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"}
+
+
+def own_state(gm: GraphModule) -> GraphModule:
+    """``gm`` with copies of the state buffers it writes (``ep.module()`` shares them with the exported model):
+    running it leaves the user's model as it was."""
+    for name in written_attrs(gm.graph):
+        owner, _, leaf = name.rpartition(".")
+        module = gm.get_submodule(owner) if owner else gm
+        setattr(module, leaf, getattr(module, leaf).clone())
+    return gm
+
+
+def _foldable(node: torch.fx.Node, state: set[str]) -> bool:
     val = node.meta.get("val")
     return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
             and node.target.namespace == "aten" and not node.target._schema.is_mutable
             and not node.target.__name__.startswith(("rand", "normal", "bernoulli", "empty"))
             and isinstance(val, torch.Tensor) and val.numel() <= FOLD_LIMIT
-            and all(n.op == "get_attr" for n in node.all_input_nodes))
+            and all(n.op == "get_attr" and n.target not in state for n in node.all_input_nodes))
 
 
 def fold_constants(gm: GraphModule) -> GraphModule:
@@ -104,8 +161,9 @@ def fold_constants(gm: GraphModule) -> GraphModule:
     tables, masks) becomes a constant: computed once here, as PyTorch computes it."""
     from torch.fx.node import map_arg
 
+    state = written_attrs(gm.graph)
     for node in list(gm.graph.nodes):
-        if not _foldable(node):
+        if not _foldable(node, state):
             continue
         value = node.target(*map_arg(node.args, lambda n: graph_attr(gm, n)),
                             **map_arg(node.kwargs, lambda n: graph_attr(gm, n)))
@@ -342,7 +400,12 @@ def _named_as_traced(gm: GraphModule, unnamed_after: dict) -> GraphModule:
 def direct_core_aten(ep: ExportedProgram, preserve=PRESERVED_OPS) -> GraphModule | None:
     """The core-ATen graph by rewriting a few ops in a copy of the graph, when that is all decomposing
     would do (ordinary CNNs, and recurrences' stacks: seconds faster than re-tracing); None when a full
-    decomposition is needed."""
+    decomposition is needed (as it is for a graph writing a buffer in place: decomposing makes the write an
+    output that the graph signature names)."""
+    buffers = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER}
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+           and n.args and getattr(n.args[0], "name", None) in buffers for n in ep.graph.nodes):
+        return None
     table = decomposition_table(preserve)
     graph = torch.fx.Graph()
     out = graph.graph_copy(ep.graph, {})
@@ -417,6 +480,7 @@ def inline_constants(ep: ExportedProgram, gm: GraphModule | None = None) -> Capt
     graph = gm.graph
     values = {**ep.state_dict, **ep.constants}
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
     for node in list(graph.nodes):
         if node.op != "placeholder":
             continue
@@ -428,6 +492,9 @@ def inline_constants(ep: ExportedProgram, gm: GraphModule | None = None) -> Capt
                 f"input {node.name!r} of kind {spec.kind.name} is not supported",
                 "export the model in eval mode without mutable state or custom objects",
             )
+        if spec.kind == InputKind.BUFFER and spec.target in mutated:
+            node.meta[STATE] = State(spec.target, values[spec.target].detach().clone())
+            continue
         if not node.users:
             graph.erase_node(node)
             continue
@@ -447,18 +514,19 @@ def inline_constants(ep: ExportedProgram, gm: GraphModule | None = None) -> Capt
 
 
 def user_outputs_only(ep: ExportedProgram, gm: GraphModule) -> None:
-    """The graph returns the model's outputs only: an in-place update of an input (``nn.SiLU(inplace=True)``
-    applied to it) is not written back, as the program's caller never sees it."""
+    """The graph returns the model's outputs, then each updated buffer's new value (``state_writes``): an
+    in-place update of an input (``nn.SiLU(inplace=True)`` applied to it) is not written back, as the program's
+    caller never sees it."""
     kinds = [s.kind for s in ep.graph_signature.output_specs]
     if all(k == OutputKind.USER_OUTPUT for k in kinds):
         return
-    mutated = [s.target for s in ep.graph_signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
-    if mutated:
-        raise TosakitError(f"forward() updates the buffer(s) {', '.join(mutated)} of the model",
-                           "export the model in eval mode (model.eval()), without state updated in forward")
+    state = {n.meta[STATE].name: n.name for n in gm.graph.nodes if n.op == "placeholder" and STATE in n.meta}
     out = next(n for n in gm.graph.nodes if n.op == "output")
     values = [v for v, k in zip(out.args[0], kinds) if k == OutputKind.USER_OUTPUT]
-    out.args = (type(out.args[0])(values),)
+    writes = [(v, state[s.target]) for v, s in zip(out.args[0], ep.graph_signature.output_specs)
+              if s.kind == OutputKind.BUFFER_MUTATION]
+    out.args = (tuple(values + [v for v, _ in writes]),)
+    out.meta[WRITES] = [name for _, name in writes]
     gm.graph.eliminate_dead_code()
     gm.recompile()
 

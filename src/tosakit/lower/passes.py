@@ -7,7 +7,7 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
-from ..capture import fold_constants, promote_constants
+from ..capture import STATE, State, fold_constants, promote_constants, state_writes
 from ..capture import graph_attr as _get_attr
 from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
 from .lowering import folds_to_integer
@@ -290,9 +290,32 @@ def quantized_io(gm: GraphModule) -> GraphModule:
     return _finish(gm)
 
 
+def quantized_state(gm: GraphModule) -> GraphModule:
+    """State kept as integers: a buffer read only through one quantization and written back from a dequantization
+    with the same parameters is stored quantized (its initial value quantized once, here), so neither conversion
+    runs on the CPU."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    results = list(out.args[0])
+    first = len(results) - len(state_writes(gm.graph))
+    for k, (buffer, value) in enumerate(state_writes(gm.graph)):
+        reads = list(buffer.users)
+        if not (reads and is_dequantize(value) and all(is_quantize(r) and r.args[1:] == value.args[1:] for r in reads)):
+            continue
+        q = qparams_of(value, gm)
+        buffer.meta[STATE] = State(buffer.meta[STATE].name, q.quantize(buffer.meta[STATE].initial))
+        buffer.meta["val"] = buffer.meta["val"].to(q.dtype)
+        for r in reads:
+            r.replace_all_uses_with(buffer)
+            gm.graph.erase_node(r)
+        results[first + k] = value.args[0]
+    out.args = (tuple(results),)
+    return _finish(gm)
+
+
 # What runs before partitioning (whole program) and inside each partition before lowering.
 PROGRAM_PIPELINE = [remove_noops, fold_constants, promote_constants, remove_requantize_noops,
-                    remove_safe_softmax_guard, fold_batch_norm, requantize_around_data_movement, duplicate_dequantize]
+                    remove_safe_softmax_guard, fold_batch_norm, requantize_around_data_movement, duplicate_dequantize,
+                    quantized_state]
 PARTITION_PIPELINE = [fuse_integer_activations, fold_quantize_dequantize]
 
 

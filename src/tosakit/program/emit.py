@@ -9,6 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
+from ..capture import STATE, state_writes
 from ..errors import TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import NHWC, identity, storage_order
 from .kernels import runtime_kernels
@@ -155,20 +156,32 @@ def encode_treespec(spec) -> str | None:
     return None if spec is None else pytree.treespec_dumps(spec)
 
 
+@dataclass
+class Pools:
+    """What the methods of one program share: constant tensors, state's initial bytes (the mutable data segment),
+    delegate payloads, named data; and, for several methods, where each state buffer lives in the arena they share
+    (arena 2, ExecuTorch's shared mutable buffers: every method reads and writes the same bytes)."""
+
+    constants: list[bytes] = field(default_factory=list)
+    initial: list[bytes] = field(default_factory=list)
+    delegate_data: list[BackendDelegateInlineData] = field(default_factory=list)
+    named: dict[str, bytes] = field(default_factory=dict)
+    shared_state: dict[str, int] | None = None  # buffer name -> offset in arena 2
+    shared_bytes: int = 0
+
+
 class Emitter:
     """Walks the final graph once, building the ``ExecutionPlan``."""
 
-    def __init__(self, gm: GraphModule):
+    def __init__(self, gm: GraphModule, pools: Pools | None = None):
         self.gm = gm
+        self.pools = pools or Pools()
         self.values: list[EValue] = []
         self.node_value: dict[Node, int] = {}
         self.instructions: list[Instruction] = []
         self.operators: list[Operator] = []
         self.delegates: list[BackendDelegate] = []
-        self.delegate_data: list[BackendDelegateInlineData] = []
-        self.constants: list[bytes] = []
         self.planned: dict[int, PlannedTensor] = {}
-        self.named: list[tuple[str, bytes]] = []
         self.orders: dict[Node, tuple[int, ...]] = {}  # each tensor node's dim order (see ``dim_order``)
 
     # ------------------------------------------------------------ values
@@ -186,10 +199,9 @@ class Emitter:
         return idx
 
     def _constant(self, t: torch.Tensor) -> int:
-        t = t.detach().contiguous()
-        self.constants.append(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.view(torch.int16).numpy().tobytes())
+        self.pools.constants.append(_bytes(t))
         return self._add(Tensor(scalar_type=scalar_type_of(t.dtype), sizes=list(t.shape),
-                                dim_order=list(range(t.dim())), data_buffer_idx=len(self.constants)))
+                                dim_order=list(range(t.dim())), data_buffer_idx=len(self.pools.constants)))
 
     def _use(self, idx: int) -> int:
         if idx in self.planned:
@@ -231,6 +243,28 @@ class Emitter:
             return self._add(Null())
         raise TosakitError(f"cannot emit a CPU kernel argument of type {type_name} ({value!r})",
                            "this operator's CPU kernel call is not supported; please report it")
+
+    def _state(self, node: Node) -> int:
+        """A buffer the program updates: planned memory that lives as long as the method, its initial value in
+        the mutable data segment (loaded when the method is), never an input."""
+        val, initial = node.meta["val"], node.meta[STATE].initial
+        if initial.dtype != val.dtype or tuple(initial.shape) != tuple(val.shape):
+            raise TosakitError(f"state {node.meta[STATE].name!r} starts as {initial.dtype} {list(initial.shape)} but "
+                               f"the graph reads {val.dtype} {list(val.shape)}", "please report this graph to tosakit")
+        shared = self.pools.shared_state
+        idx = self._tensor_value(val, planned=shared is None, order=tuple(range(val.dim())))
+        tensor = self.values[idx].val
+        if shared is not None:
+            offset = shared[node.meta[STATE].name]
+            tensor.allocation_info = AllocationDetails(2, offset & 0xFFFFFFFF, offset >> 32)
+        self.pools.initial.append(_bytes(initial))
+        tensor.data_buffer_idx = len(self.pools.initial)
+        return idx
+
+    def _write_state(self, state: int, value: int) -> None:
+        """``aten::copy_(state, value)``: the update written back at the end of the call, as ExecuTorch does."""
+        op = self._operator(torch.ops.aten.copy_.default._schema)
+        self.instructions.append(Instruction(KernelCall(op, [state, self._use(value), self._add(Bool(False)), state])))
 
     # ------------------------------------------------------------ instructions
 
@@ -285,20 +319,25 @@ class Emitter:
         inputs = [self._use(self.node_value[a]) for a in node.args[1:]]
         outs = [self._tensor_value(t, planned=True) for t in node.meta["val"]]
         self.node_value[node] = tuple(outs)
-        self.delegate_data.append(BackendDelegateInlineData(lowered.processed_bytes))
+        self.pools.delegate_data.append(BackendDelegateInlineData(lowered.processed_bytes))
         self.delegates.append(BackendDelegate(lowered.backend_id,
                                               BackendDelegateDataReference(DataLocation.INLINE,
-                                                                           len(self.delegate_data) - 1),
+                                                                           len(self.pools.delegate_data) - 1),
                                               list(lowered.compile_specs)))
-        self.named += lowered.named_data.items()
+        self.pools.named.update(lowered.named_data)
         self.instructions.append(Instruction(DelegateCall(len(self.delegates) - 1, [*inputs, *outs])))
 
     # ------------------------------------------------------------ whole program
 
-    def emit(self, in_spec=None, out_spec=None, name: str = "forward") -> EmittedProgram:
-        inputs, outputs = [], []
+    def emit(self, in_spec=None, out_spec=None, name: str = "forward") -> ExecutionPlan:
+        inputs, outputs, state = [], [], []
+        writes = state_writes(self.gm.graph)
         for node in self.gm.graph.nodes:
-            if node.op == "placeholder":
+            if node.op == "placeholder" and STATE in node.meta:
+                self.orders[node] = storage_order(node.meta["val"])
+                self.node_value[node] = self._state(node)
+                state.append(self.node_value[node])
+            elif node.op == "placeholder":
                 self.orders[node] = storage_order(node.meta["val"])
                 idx = self._tensor_value(node.meta["val"], planned=True)
                 self.node_value[node] = idx
@@ -316,7 +355,10 @@ class Emitter:
             elif node.op == "call_function":
                 self._kernel_call(node)
             elif node.op == "output":
-                for a in node.args[0]:
+                for buffer, value in writes:
+                    if value is not buffer:
+                        self._write_state(self.node_value[buffer], self.node_value[value])
+                for a in node.args[0][:len(node.args[0]) - len(writes)]:
                     if not isinstance(a, Node) or a.op in ("placeholder", "get_attr"):
                         raise TosakitError(f"model output {a} is an input or a constant, which a .pte cannot return",
                                            "return computed tensors only (e.g. x.clone() for a passthrough)")
@@ -328,16 +370,13 @@ class Emitter:
             self.planned[idx].first = 0
         for idx in outputs:
             self.planned[idx].last = len(self.instructions)
+        for idx in state:  # kept from call to call: no other tensor may share its bytes
+            if idx in self.planned:
+                self.planned[idx].first, self.planned[idx].last = 0, len(self.instructions)
         arena = plan_memory(list(self.planned.values()))
         for p in self.planned.values():
             self.values[p.value].val.allocation_info = AllocationDetails(1, p.offset & 0xFFFFFFFF, p.offset >> 32)
-        data, const_offsets = constant_segment_bytes(self.constants)
-        segments = [data] if self.constants or self.named else []  # segment 0: constants (maybe empty)
-        named_data = []
-        for key, blob in self.named:
-            segments.append(blob)
-            named_data.append(NamedData(key, len(segments) - 1))
-        plan = ExecutionPlan(
+        return ExecutionPlan(
             name=name,
             container_meta_type=ContainerMetadata(encode_treespec(in_spec), encode_treespec(out_spec)),
             values=self.values,
@@ -346,17 +385,40 @@ class Emitter:
             chains=[Chain(inputs=inputs, outputs=outputs, instructions=self.instructions)],
             operators=self.operators,
             delegates=self.delegates,
-            non_const_buffer_sizes=[0, arena],
+            non_const_buffer_sizes=[0, arena] + ([self.pools.shared_bytes] if self.pools.shared_state else []),
         )
-        program = Program(
-            version=0,
-            execution_plan=[plan],
-            backend_delegate_data=self.delegate_data,
-            constant_segment=SubsegmentOffsets(0, const_offsets),
-            named_data=named_data,
-        )
-        ops = [f"{o.name}.{o.overload}" for o in self.operators]
-        return EmittedProgram(program, segments, arena, sum(len(c) for c in self.constants), ops)
+
+
+def build_program(plans: list[ExecutionPlan], pools: Pools) -> EmittedProgram:
+    """The program of ``plans`` (its methods) and the segments of what they share: constants (segment 0, maybe
+    empty), state's initial bytes, named data."""
+    data, const_offsets = constant_segment_bytes(pools.constants)
+    segments = [data] if pools.constants or pools.named or pools.initial else []
+    mutable = None
+    if pools.initial:
+        initial, initial_offsets = constant_segment_bytes(pools.initial)
+        segments.append(initial)
+        mutable = [SubsegmentOffsets(len(segments) - 1, initial_offsets)]
+    named_data = []
+    for key, blob in pools.named.items():
+        segments.append(blob)
+        named_data.append(NamedData(key, len(segments) - 1))
+    program = Program(
+        version=0,
+        execution_plan=plans,
+        backend_delegate_data=pools.delegate_data,
+        constant_segment=SubsegmentOffsets(0, const_offsets),
+        mutable_data_segments=mutable,
+        named_data=named_data,
+    )
+    ops = list(dict.fromkeys(f"{o.name}.{o.overload}" for p in plans for o in p.operators))
+    arena = max(sum(p.non_const_buffer_sizes) for p in plans)
+    return EmittedProgram(program, segments, arena, sum(len(c) for c in pools.constants), ops)
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().contiguous()
+    return (t if t.dtype != torch.bfloat16 else t.view(torch.int16)).numpy().tobytes()
 
 
 def _attr(gm: GraphModule, target: str):
@@ -386,6 +448,26 @@ def plan_memory(tensors: list[PlannedTensor]) -> int:
 
 
 def program_from_graph(gm: GraphModule, in_spec=None, out_spec=None) -> EmittedProgram:
-    """Emit ``gm`` (user inputs as placeholders, delegates as executorch_call_delegate)."""
-    return Emitter(gm).emit(in_spec, out_spec)
+    """Emit ``gm`` (user inputs as placeholders, delegates as executorch_call_delegate) as method 'forward'."""
+    pools = Pools()
+    return build_program([Emitter(gm, pools).emit(in_spec, out_spec)], pools)
 
+
+def program_from_methods(methods: dict[str, tuple[GraphModule, object, object]]) -> EmittedProgram:
+    """One program of several methods (name -> graph, in_spec, out_spec), e.g. an LLM's prefill and decode. State
+    that the graphs read by the same buffer name is one tensor: every method reads and writes the same bytes."""
+    pools, shapes = Pools(shared_state={}), {}
+    for name, (gm, _, _) in methods.items():
+        for node in gm.graph.nodes:
+            if node.op == "placeholder" and STATE in node.meta:
+                val, buffer = node.meta["val"], node.meta[STATE].name
+                kind = (val.dtype, tuple(val.shape))
+                if shapes.setdefault(buffer, kind) != kind:
+                    raise TosakitError(f"method {name!r} keeps state {buffer!r} as {val.dtype} {list(val.shape)}, "
+                                       f"another method as {shapes[buffer][0]} {list(shapes[buffer][1])}",
+                                       "quantize the methods' state alike (the same quantization parameters)")
+                if buffer not in pools.shared_state:
+                    pools.shared_state[buffer] = pools.shared_bytes
+                    pools.shared_bytes += -(-max(val.numel() * val.element_size(), 1) // ALIGNMENT) * ALIGNMENT
+    plans = [Emitter(gm, pools).emit(i, o, name) for name, (gm, i, o) in methods.items()]
+    return build_program(plans, pools)

@@ -21,7 +21,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from ..capture import fold_constants, promote_constants
+from ..capture import fold_constants, promote_constants, written_attrs
 from ..capture import graph_attr as _param
 from ..errors import TosakitError
 from ..specs import ArmCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec, require_spec
@@ -290,21 +290,33 @@ ELEMENTWISE_REWRITES = {
 def _functional(model: GraphModule) -> GraphModule:
     """In-place ops (``masked_fill_`` on the ``zeros_like`` attention builds its mask from) as their functional form,
     later readers of the tensor they wrote reading the result: a tensor made in the graph, then folded to a
-    constant, is not a buffer the program updates."""
-    order = {node: i for i, node in enumerate(model.graph.nodes)}
-    for node in list(model.graph.nodes):
+    constant, is not a buffer the program updates. A module's buffer written in place (state, a KV cache's
+    ``index_put_``) gets its last value written back at the end, ``copy_(buffer, value)``, as ``ep.module()``
+    writes back a functionalized update."""
+    graph = model.graph
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    state_of, latest = {}, {}  # value -> the buffer it is a version of; buffer -> its last version
+    for node in list(graph.nodes):
         packet = getattr(node.target, "overloadpacket", None) if node.op == "call_function" else None
         name = getattr(packet, "__name__", "")
         functional = getattr(getattr(aten, name[:-1], None), node.target._overloadname, None) if name.endswith("_") \
             and not name.startswith("_") else None
-        if functional is None or not node.args or not isinstance(node.args[0], Node):
+        if functional is None or not node.args or not isinstance(node.args[0], Node) or \
+                (node.target is aten.copy_.default and node.args[0].op == "get_attr"):
             continue
         written = node.args[0]
         node.target = functional
         for user in list(written.users):
             if order[user] > order[node]:
                 user.replace_input_with(written, node)
-    model.graph.lint()
+        buffer = written if written.op == "get_attr" else state_of.get(written)
+        if buffer is not None:
+            state_of[node], latest[buffer] = buffer, node
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    for buffer, value in latest.items():
+        with graph.inserting_before(out):
+            graph.call_function(aten.copy_.default, (buffer, value)).meta["val"] = buffer.meta.get("val")
+    graph.lint()
     model.recompile()
     return model
 
@@ -883,6 +895,7 @@ class TOSAQuantizer(Quantizer):
                 ann.output_qspec = None
         if self.io_config is not None:
             self._annotate_io(model, self.io_config)
+        _state_read_as_written(nodes)
         return model
 
     def _annotate_io(self, model: GraphModule, config: QuantizationConfig) -> None:
@@ -912,6 +925,28 @@ class TOSAQuantizer(Quantizer):
         return convert_pt2e(prepared)
 
 
+def _state_read_as_written(nodes: list[Node]) -> None:
+    """State (a buffer forward() writes, ``copy_(buffer, value)``) is written at the quantization it is read with,
+    observed over both: the program keeps the state as integers, with no conversion around it. A value whose
+    quantization follows the state's already (a KV cache's index_put) is left as it is."""
+    for write in nodes:
+        if write.target is not aten.copy_.default or not isinstance(write.args[0], Node) or \
+                write.args[0].op != "get_attr" or not isinstance(write.args[1], Node):
+            continue
+        state, value = write.args[:2]
+        ann = value.meta.get(ANNOTATION_KEY)
+        reads = [u for u in state.users if u is not write and state in getattr(u.meta.get(ANNOTATION_KEY),
+                                                                               "input_qspec_map", {})]
+        if ann is None or ann.output_qspec is None or isinstance(ann.output_qspec, SharedQuantizationSpec) \
+                or not reads:
+            continue
+        first = min(reads, key=nodes.index)
+        for user in reads[1:] if first is reads[0] else reads:
+            if user is not first:
+                user.meta[ANNOTATION_KEY].input_qspec_map[state] = SharedQuantizationSpec((state, first))
+        ann.output_qspec = SharedQuantizationSpec((state, first))
+
+
 def _is_weight(node: Node, inp: Node) -> bool:
     """``inp`` is the weight operand of a convolution or linear ``node`` (a constant added or multiplied is an
     activation)."""
@@ -927,11 +962,16 @@ def calibrate(prepared: GraphModule, samples: Iterable, progress: bool | None = 
     total = len(samples) if hasattr(samples, "__len__") else None
     show = sys.stderr.isatty() if progress is None else progress
     seen = 0
+    state = {name: _param(prepared, n).clone() for n in prepared.graph.nodes if n.op == "get_attr"
+             for name in [n.target] if name in written_attrs(prepared.graph)}
     with torch.no_grad():
         for sample in tqdm(samples, desc="calibrating", total=total, disable=not show, unit="sample", leave=False):
             inputs = tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)
             prepared(*inputs[:arity])
             seen += 1
+        for name, initial in state.items():  # the samples ran in sequence, updating the state; it starts over
+            _param(prepared, next(n for n in prepared.graph.nodes if n.op == "get_attr" and n.target == name)) \
+                .copy_(initial)
     if seen == 0:
         raise TosakitError("calibration got no samples", "pass a non-empty list of input tuples or a DataLoader")
     return seen

@@ -29,6 +29,7 @@ FUNCTIONAL_OUT = {
     "quantized_decomposed::quantize_per_channel.out": "quantize_per_channel",
     "quantized_decomposed::dequantize_per_channel.out": "dequantize_per_channel",
 }
+SHARED_ARENA = 2  # ExecuTorch's memory id of the mutable buffers a program's methods share
 # ExecuTorch's dim-order copies: with contiguous tensors they are dtype-converting copies.
 COPIES = {"dim_order_ops::_to_dim_order_copy.out", "dim_order_ops::_clone_dim_order.out"}
 
@@ -96,7 +97,7 @@ class Execution:
         self.loaded, self.plan, self.layout, self.limits = loaded, plan, layout, loaded.limits
         self.compare, self.comparisons = compare, []
         self.operations: list | None = [] if operations else None
-        self.arenas = [_zeros(n) for n in layout.arena_bytes]
+        self.arenas = loaded.arenas(plan.name)
         constant = loaded.program.constant_segment
         self.const_data = loaded.segments[constant.segment_index] if constant else b""
         self.const_offsets = constant.offsets if constant else [0]
@@ -115,7 +116,7 @@ class Execution:
         dtype, nbytes = S.torch_dtype_of(t.scalar_type), tensor_nbytes(t)
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
-        if t.data_buffer_idx > 0:
+        if t.data_buffer_idx > 0 and t.allocation_info is None:
             start = self.const_offsets[t.data_buffer_idx]
             raw = bytearray(self.const_data[start:start + nbytes])
             return torch.frombuffer(raw, dtype=dtype).reshape(shape)
@@ -286,6 +287,29 @@ def _compared(index: int, backend: str, output: int, got: torch.Tensor, want: to
     equal = int((got == want).sum())
     diff = float((got.double() - want.double()).abs().max()) if got.numel() else 0.0
     return EngineComparison(index, backend, output, got.numel(), equal, diff)
+
+
+def new_arenas(loaded: LoadedProgram, layout: MethodLayout, shared: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+    """A method's arenas as loading it makes them: zeroed, with its state's initial bytes written in. Arena 2 holds
+    the state the program's methods share (ExecuTorch's ``share_mutable_buffers``, which its runner's
+    ``share_memory_arenas`` serves): made once, by the first method loaded, at the largest size any method plans,
+    and kept in ``shared``."""
+    arenas, fresh = [], set()
+    for k, n in enumerate(layout.arena_bytes):
+        if k == SHARED_ARENA and k in shared:
+            arenas.append(shared[k])
+            continue
+        if k == SHARED_ARENA:
+            n = max(other.arena_bytes[k] for other in loaded.layouts.values() if len(other.arena_bytes) > k)
+        arenas.append(_zeros(n))
+        fresh.add(k)
+        if k == SHARED_ARENA:
+            shared[k] = arenas[k]
+    for arena, offset, segment, at, nbytes in layout.initial:
+        if arena in fresh:
+            data = loaded.segments[segment][at:at + nbytes]
+            arenas[arena][offset:offset + nbytes] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return arenas
 
 
 def _zeros(nbytes: int) -> torch.Tensor:

@@ -3,15 +3,39 @@
 from __future__ import annotations
 
 from ..backends.ethosu.payload import parse_payload
+from ..program.kernels import kernel_key
 from ..program.schema import DelegateCall, KernelCall
 from .ethosu.commands import decode, disassemble
 from .pools import runner_memory
 from .program import LoadedProgram
-from .validate import MethodLayout
+from .validate import MethodLayout, tensor_nbytes
 
 
 def _kib(n: int) -> str:
     return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def state_values(plan) -> list[int]:
+    """The values a method writes back at the end of a call (``aten::copy_``'s destination): its state, the
+    buffers the model updates, kept from call to call."""
+    ops = [i for i, o in enumerate(plan.operators) if (o.name, o.overload) == ("aten::copy_", "")]
+    instructions = plan.chains[0].instructions if plan.chains else []
+    return list(dict.fromkeys(i.instr_args.args[0] for i in instructions
+                              if isinstance(i.instr_args, KernelCall) and i.instr_args.op_index in ops))
+
+
+def _state_line(plan) -> list[str]:
+    state = state_values(plan)
+    if not state:
+        return []
+    tensors = [plan.values[i].val for i in state]
+    arenas = sorted({t.allocation_info.memory_id for t in tensors if t.allocation_info is not None})
+    shared = " (arena 2: shared with the program's other methods)" if 2 in arenas else ""
+    initial = sum(t.data_buffer_idx > 0 for t in tensors)
+    start = ("each starts from data in the program" if initial == len(tensors) else "each starts from zeros"
+             if not initial else f"{initial} start from data in the program, the others from zeros")
+    return [f"  state: {len(state)} buffer(s), {_kib(sum(map(tensor_nbytes, tensors)))}, kept from call to call in "
+            f"arena(s) {', '.join(map(str, arenas))}{shared}; {start}"]
 
 
 def describe(loaded: LoadedProgram, size: int | None = None) -> str:
@@ -32,9 +56,10 @@ def describe(loaded: LoadedProgram, size: int | None = None) -> str:
             f"  inputs:  {ins}",
             f"  outputs: {outs}",
             f"  instructions: {len(instrs)} ({kernels} kernel call(s), {calls} delegate call(s))",
-            f"  operators: {', '.join(f'{o.name}.{o.overload}' for o in plan.operators) or 'none'}",
+            f"  operators: {', '.join(kernel_key(o.name, o.overload) for o in plan.operators) or 'none'}",
             f"  memory: arena(s) {', '.join(_kib(n) for n in plan.non_const_buffer_sizes[1:]) or 'none'}; "
             f"constants {_kib(const_bytes)} ({max(len(constants.offsets) - 1, 0) if constants else 0} tensor(s))",
+            *_state_line(plan),
         ]
         lines.append("  runner memory (what a device running ExecuTorch 1.5.1 must provide):")
         lines += [f"    {line}" for line in runner_memory(prog, loaded.segments, plan).lines()]

@@ -75,6 +75,8 @@ class LoadedProgram:
             self._tosa.setdefault(nd.key, self.segments[nd.segment_index])
         self.layouts: dict[str, MethodLayout] = validate(self.program, self.segments, self._tosa, self.limits, name,
                                                          engine)
+        self._arenas: dict[str, list] = {}
+        self._shared: dict = {}
 
     # -------------------------------------------------------------- description
 
@@ -120,6 +122,17 @@ class LoadedProgram:
                             DEBUG_INFO_FIX)
 
     # -------------------------------------------------------------- execution
+
+    def arenas(self, method: str) -> list:
+        """``method``'s planned memory, made on its first run and kept, as ExecuTorch keeps a loaded method's: its
+        state (mutable buffers) carries from one run to the next, and arena 2's from method to method, as in a
+        runner that loads every method before it runs one (ExecuTorch writes a method's initial state when it
+        loads it)."""
+        if method not in self._arenas:
+            from .execute import new_arenas
+
+            self._arenas[method] = new_arenas(self, self.layouts[method], self._shared)
+        return self._arenas[method]
 
     def run(self, inputs, method: str = "forward") -> list:
         """Execute ``method`` on ``inputs`` (torch tensors or numpy arrays); returns new torch tensors."""

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.fx import Interpreter
 
+from ..capture import with_state
 from ..program import EdgeProgramManager, LoweredBackendModule
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import is_dequantize, is_quantize, qparams_of
@@ -68,7 +69,8 @@ def compare(delegate: str, index: int, got: np.ndarray, want: torch.Tensor, fp_t
 
 class ExactInterpreter(Interpreter):
     """Evaluates a quantize/dequantize graph in float64, so only the quantization itself rounds
-    (model inputs are quantized from float32, as the program's CPU kernel does).
+    (model inputs are quantized from float32, as the program's CPU kernel does). State the graph writes back
+    (``copy_`` to a buffer) is stored in the module's buffer, as a PyTorch run stores it.
 
     A float32 run of a fake-quantized network rounds a few values differently at every
     quantize, and deep networks amplify those flips; integer kernels are exact, so this is
@@ -96,6 +98,8 @@ class ExactInterpreter(Interpreter):
             return qparams_of(n, self.module).dequantize(args[0], torch.float64)
         if target == torch.ops.aten._assert_tensor_metadata.default:
             return None  # it asserts float32 of what runs here in float64
+        if target == torch.ops.aten.copy_.default and n.args[0].op == "get_attr":  # state: the module keeps it
+            return self.fetch_attr(n.args[0].target).copy_(args[1])
         args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         return super().call_function(target, args, kwargs)
 
@@ -135,7 +139,7 @@ class _HostInterpreter(Interpreter):
 def run_edge(edge: EdgeProgramManager, *inputs) -> tuple:
     """The program's outputs on the host: CPU ops in PyTorch, delegates on the TOSA reference model."""
     with torch.no_grad():
-        out = _HostInterpreter(edge.program.graph_module).run(*inputs)
+        out = _HostInterpreter(edge.program.graph_module).run(*with_state(edge.program.graph, inputs))
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -143,7 +147,7 @@ def check_delegates(edge: EdgeProgramManager, inputs: tuple) -> list[DelegateChe
     """Run every delegate's TOSA on the reference model against PyTorch's result for it."""
     runner = _DelegateInputs(edge.program.graph_module)
     with torch.no_grad():
-        runner.run(*inputs)
+        runner.run(*with_state(edge.program.graph, inputs))
     checks = []
     for name, module, args, _ in runner.seen:
         want = evaluate_exact(module.original_module, *args)

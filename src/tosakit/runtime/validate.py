@@ -46,10 +46,11 @@ class Limits:
 
 @dataclass
 class MethodLayout:
-    """What validation learned about a method, for running it: arena bytes in use, each delegate's TOSA and the
-    Ethos-U delegates that run on the simulator."""
+    """What validation learned about a method, for running it: arena bytes in use, the state its arenas start
+    with, each delegate's TOSA and the Ethos-U delegates that run on the simulator."""
 
     arena_bytes: list[int]
+    initial: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # arena, offset, segment, at, bytes
     delegate_tosa: dict[int, tuple[bytes, TosaSummary]] = field(default_factory=dict)  # checked graph, its I/O
     delegate_npu: dict[int, EthosUPayload] = field(default_factory=dict)  # payloads whose stream decodes
     memory: int = 0
@@ -102,7 +103,7 @@ class _Method:
         for i, ev in enumerate(self.values):
             val = ev.val
             if isinstance(val, S.Tensor):
-                unplanned += self.tensor(i, val, arenas, layout.arena_bytes)
+                unplanned += self.tensor(i, val, arenas, layout)
             elif isinstance(val, (S.IntList, S.TensorList, S.OptionalTensorList)):
                 member = {"IntList": ("Int",), "TensorList": ("Tensor",),
                           "OptionalTensorList": ("Tensor", "Null")}[type(val).__name__]
@@ -123,8 +124,9 @@ class _Method:
         self.instructions(layout)
         return layout
 
-    def tensor(self, i: int, t: S.Tensor, arenas: list[int], used: list[int]) -> int:
-        """Check a tensor value; its bytes when neither constant nor planned (allocated at run time)."""
+    def tensor(self, i: int, t: S.Tensor, arenas: list[int], layout: MethodLayout) -> int:
+        """Check a tensor value; its bytes when neither constant nor planned (allocated at run time). A planned
+        tensor with data is state (a mutable buffer): its initial bytes are in a mutable data segment."""
         what = f"value {i}"
         if t.scalar_type not in RUNNABLE:
             raise self.fail(f"{what} is a tensor of {t.scalar_type.name}, which no CPU kernel computes with")
@@ -139,7 +141,7 @@ class _Method:
             raise self.fail(f"{what} claims {list(t.sizes)} {t.scalar_type.name}, {nbytes} bytes, more than the "
                             f"{self.limits.max_memory}-byte memory limit",
                             "raise the limit (tosakit run --max-memory) if you trust the file")
-        if t.data_buffer_idx > 0:
+        if t.data_buffer_idx > 0 and t.allocation_info is None:
             return self.constant(i, t, nbytes)
         if t.allocation_info is None:
             return nbytes
@@ -154,8 +156,30 @@ class _Method:
         if offset % S.ELEMENT_TYPES[t.scalar_type][1]:
             raise self.fail(f"{what} at offset {offset} of arena {a.memory_id} is not aligned to its "
                             f"{S.ELEMENT_TYPES[t.scalar_type][1]}-byte elements")
-        used[a.memory_id] = max(used[a.memory_id], offset + nbytes)
+        layout.arena_bytes[a.memory_id] = max(layout.arena_bytes[a.memory_id], offset + nbytes)
+        if t.data_buffer_idx > 0:
+            layout.initial.append((a.memory_id, offset, *self.initial_data(i, t, nbytes)))
         return 0
+
+    def initial_data(self, i: int, t: S.Tensor, nbytes: int) -> tuple[int, int, int]:
+        """Where state value ``i`` starts from: (segment, offset, bytes) inside a mutable data segment."""
+        which = t.extra_tensor_info.mutable_data_segments_idx if t.extra_tensor_info is not None else 0
+        tables = self.program.mutable_data_segments or []
+        if which >= len(tables):
+            raise self.fail(f"value {i} is state whose initial data is in mutable data segment {which}, but the "
+                            f"program has {len(tables)}")
+        table = tables[which]
+        if not 0 <= table.segment_index < len(self.segments):
+            raise self.fail(f"mutable data segment {which} is segment {table.segment_index}, but the file has "
+                            f"{len(self.segments)}")
+        if t.data_buffer_idx >= len(table.offsets):
+            raise self.fail(f"value {i} starts from buffer {t.data_buffer_idx} of mutable data segment {which}, "
+                            f"which has {len(table.offsets) - 1}")
+        at, size = table.offsets[t.data_buffer_idx], len(self.segments[table.segment_index])
+        if at + nbytes > size:
+            raise self.fail(f"value {i} reads {nbytes} bytes of initial data at offset {at}, past the {size}-byte "
+                            f"mutable data segment {which}")
+        return table.segment_index, at, nbytes
 
     def constant(self, i: int, t: S.Tensor, nbytes: int) -> int:
         seg = self.program.constant_segment

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
-from ..capture import capture, export
+from ..capture import capture, export, with_state
 from ..errors import TosakitError
 from ..lower import lower_partition, prepare_program
 from ..program import EdgeProgramManager, ExecutorchProgramManager, LoweredBackendModule, tosa_key
@@ -405,7 +405,7 @@ def float_reference(model: torch.nn.Module, inputs: tuple, quantized: bool = Fal
     gm = prepare_program(program.graph_module)
     recorder = _Recorder(gm)
     with torch.no_grad():
-        recorder.run(*inputs)
+        recorder.run(*with_state(gm.graph, inputs))
     keys = _Keys()
     ref = FloatReference(recorder.values, keys, {}, {})
     groups = ref.constants
@@ -509,7 +509,7 @@ def _reports(edge: EdgeProgramManager, inputs: tuple, float_ref: FloatReference 
     gm = edge.program.graph_module
     runner = _DelegateArgs(gm)
     with torch.no_grad():
-        runner.run(*inputs)
+        runner.run(*with_state(gm.graph, inputs))
     keys = float_ref.keys if float_ref is not None else _Keys()
     outer = _Numbering(keys, lambda n: _quantized_const_key(float_ref, n, runner.values, gm) if float_ref
                        else keys.unique())

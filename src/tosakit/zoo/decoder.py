@@ -2,9 +2,11 @@
 architecture — RMSNorm, rotary position embeddings, grouped-query attention, SiLU-gated MLP, tied embeddings — with
 its module names, so a ``LlamaForCausalLM``'s state dict loads into it unchanged.
 
-The cache is state the caller keeps: ``forward(tokens, positions, *caches)`` returns the logits and every layer's
-key and value cache with the new positions written (``cache[:, :, positions] = k``, a SCATTER on the NPU). One
-module exports twice: a prompt of T tokens (prefill) and one token (decode). Rotary angles are table rows read at
+The cache is either state the caller keeps — ``forward(tokens, positions, *caches)`` returns the logits and every
+layer's key and value cache with the new positions written (``cache[:, :, positions] = k``, a SCATTER on the NPU)
+— or, with ``cache_in_place``, each attention's own buffers, updated in place as ExecuTorch's Llama export does it
+(``forward(tokens, positions) -> (logits,)``): the program keeps them between calls. One module exports twice: a
+prompt of T tokens (prefill) and one token (decode). Rotary angles are table rows read at
 the positions (GATHER), and the attention mask compares the cache's positions with them, so nothing in the graph
 depends on the step but its inputs."""
 
@@ -55,9 +57,12 @@ def _rotate_half(x):
 
 
 class Attention(nn.Module):
-    def __init__(self, c: DecoderConfig):
+    def __init__(self, c: DecoderConfig, cache_in_place: bool = False):
         super().__init__()
         self.c = c
+        if cache_in_place:  # not in the state dict: a LlamaForCausalLM's loads unchanged
+            self.register_buffer("k_cache", torch.zeros(c.cache_shape()), persistent=False)
+            self.register_buffer("v_cache", torch.zeros(c.cache_shape()), persistent=False)
         d = c.head_dim
         self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * d, bias=False)
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * d, bias=False)
@@ -77,7 +82,10 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(1, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(1, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        k_cache, v_cache = k_cache.clone(), v_cache.clone()
+        if k_cache is None:  # the module's own cache, written in place
+            k_cache, v_cache = self.k_cache, self.v_cache
+        else:
+            k_cache, v_cache = k_cache.clone(), v_cache.clone()
         k_cache[:, :, positions] = k
         v_cache[:, :, positions] = v
         keys, values = self._per_head(k_cache), self._per_head(v_cache)
@@ -97,9 +105,9 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, c: DecoderConfig):
+    def __init__(self, c: DecoderConfig, cache_in_place: bool = False):
         super().__init__()
-        self.self_attn = Attention(c)
+        self.self_attn = Attention(c, cache_in_place)
         self.mlp = MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -111,21 +119,22 @@ class Layer(nn.Module):
 
 
 class Body(nn.Module):
-    def __init__(self, c: DecoderConfig):
+    def __init__(self, c: DecoderConfig, cache_in_place: bool = False):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(Layer(c, cache_in_place) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
 class Decoder(nn.Module):
     """``forward(tokens [1, T] int32, positions [T] int32, k0, v0, k1, v1, ...) -> (logits [1, T, V], k0', v0', ...)``
-    with every cache ``[1, kv_heads, max_positions, head_dim]``."""
+    with every cache ``[1, kv_heads, max_positions, head_dim]``; with ``cache_in_place``,
+    ``forward(tokens, positions) -> (logits,)`` and the caches are the attentions' buffers."""
 
-    def __init__(self, c: DecoderConfig):
+    def __init__(self, c: DecoderConfig, cache_in_place: bool = False):
         super().__init__()
-        self.config = c
-        self.model = Body(c)
+        self.config, self.cache_in_place = c, cache_in_place
+        self.model = Body(c, cache_in_place)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         self.lm_head.weight = self.model.embed_tokens.weight  # tied, as SmolLM2's
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
@@ -135,10 +144,13 @@ class Decoder(nn.Module):
         self.register_buffer("sin_table", angles.sin().float(), persistent=False)
 
     def empty_caches(self) -> list[torch.Tensor]:
-        """Zeroed key and value caches, layer by layer (k0, v0, k1, v1, ...)."""
+        """Zeroed key and value caches, layer by layer (k0, v0, k1, v1, ...); none when they are the model's own."""
+        if self.cache_in_place:
+            return []
         return [torch.zeros(self.config.cache_shape()) for _ in range(2 * self.config.num_hidden_layers)]
 
     def forward(self, tokens, positions, *caches):
+        caches = caches or (None,) * (2 * self.config.num_hidden_layers)
         cos, sin = self.cos_table[positions], self.sin_table[positions]
         seen = torch.arange(self.config.max_positions, dtype=torch.int32)
         mask = (seen[None, :] <= positions[:, None])[None, None]  # a query sees the cache up to its position
@@ -146,7 +158,8 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x, k, v = layer(x, cos, sin, positions, mask, caches[2 * i], caches[2 * i + 1])
             written += [k, v]
-        return (self.lm_head(self.model.norm(x)), *written)
+        logits = self.lm_head(self.model.norm(x))
+        return (logits,) if self.cache_in_place else (logits, *written)
 
 
 def prefill_inputs(model: Decoder, prompt: torch.Tensor) -> tuple:

@@ -148,9 +148,11 @@ _DECODER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden
                    "num_key_value_heads", "rope_theta", "rms_norm_eps")
 
 
-def hf_decoder(spec: str, layers: int | None = None, max_positions: int = 64, seed: int = 0):
+def hf_decoder(spec: str, layers: int | None = None, max_positions: int = 64, seed: int = 0,
+               cache_in_place: bool = True):
     """``hf:ORG/NAME`` (a Llama-architecture configuration tosakit knows) as a ``zoo.decoder.Decoder`` with a KV
-    cache of ``max_positions``, ``layers`` of its layers when given; seeded random weights."""
+    cache of ``max_positions`` (its own buffers, updated in place; with ``cache_in_place=False`` inputs and
+    outputs), ``layers`` of its layers when given; seeded random weights."""
     from .decoder import Decoder, DecoderConfig
 
     source, _, name = spec.partition(":")
@@ -165,7 +167,7 @@ def hf_decoder(spec: str, layers: int | None = None, max_positions: int = 64, se
                                f"give 1..{config['num_hidden_layers']}")
         config["num_hidden_layers"] = layers
     torch.manual_seed(seed)
-    return Decoder(DecoderConfig(**config, max_positions=max_positions)).eval()
+    return Decoder(DecoderConfig(**config, max_positions=max_positions), cache_in_place).eval()
 
 
 SOURCES: dict[str, Callable[[str], tuple[torch.nn.Module, tuple]]] = {
