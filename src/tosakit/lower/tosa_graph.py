@@ -26,6 +26,7 @@ TORCH_TO_TOSA = {
 NUMPY_OF = {
     DType.FP32: np.float32,
     DType.FP16: np.float16,
+    DType.INT4: np.int8,  # the serializer packs two to a byte
     DType.INT8: np.int8,
     DType.INT16: np.int16,
     DType.INT32: np.int32,

@@ -175,6 +175,14 @@ def get_symmetric_a16w8_quantization_config(is_per_channel: bool = True, is_qat:
     return QuantizationConfig(input_activation=act, output_activation=act, weight=base.weight)
 
 
+def get_symmetric_a8w4_quantization_config(is_per_channel: bool = True, is_qat: bool = True,
+                                          is_dynamic: bool = False) -> QuantizationConfig:
+    """8x4: int8 activations, weights quantized to -7..7 (4 bits, symmetric), int32 bias; quantization-aware
+    training by default, as ExecuTorch's. The weights lower as TOSA INT4 where the target has the int4
+    extension (every Ethos-U: Vela reads them; their few distinct values also compress to fewer bytes)."""
+    return get_symmetric_quantization_config(is_per_channel, is_qat, is_dynamic, weight_qmin=-7, weight_qmax=7)
+
+
 # The schemes ``tosakit accuracy`` compares, by name.
 SCHEMES = {
     "int8": lambda: get_symmetric_quantization_config(is_per_channel=True),
@@ -182,4 +190,5 @@ SCHEMES = {
     "int8-histogram": lambda: get_symmetric_quantization_config(observer="histogram"),
     "int8-percentile": lambda: get_symmetric_quantization_config(observer="percentile"),
     "a16w8": lambda: get_symmetric_a16w8_quantization_config(),
+    "a8w4": lambda: get_symmetric_a8w4_quantization_config(is_qat=False),  # post-training: calibrated, not trained
 }

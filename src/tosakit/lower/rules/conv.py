@@ -84,6 +84,17 @@ def weight_dtype(integer: bool):
     return DType.INT8 if integer else DType.FP32
 
 
+def _weight_storage(ctx: Lowering, node: Node, integer: bool):
+    """The weights' TOSA type: INT4 (two to a byte) when they were quantized to -8..7 (a8w4) and the target has
+    TOSA's int4 extension, as Vela 5.2 reads them for Ethos-U55/U65/U85 (the weight zero point INT4 too);
+    else ``weight_dtype``."""
+    q: QParams | None = node.args[1].meta.get("tosakit_q") if integer and len(node.args) > 1 and \
+        isinstance(node.args[1], Node) else None
+    if q is not None and q.qmin >= -8 and q.qmax <= 7 and ctx.spec.support_extension("int4"):
+        return DType.INT4
+    return weight_dtype(integer)
+
+
 def slice_axis(ctx: Lowering, v: Value, axis: int, start: int, size: int) -> Value:
     """SLICE ``size`` entries from ``start`` along TOSA dimension ``axis``."""
     begin = [0] * v.rank
@@ -200,10 +211,11 @@ def _emit_conv(ctx: Lowering, node: Node, op, x: Value, w_np: np.ndarray, b: tor
     """One convolution ``op`` on NHWC ``x``: weights in the op's layout, its window attribute (pads, stride and
     dilation as the op has them), the bias in the accumulator; the result requantized in INT, clamped if fused."""
     integer = w_scale is not None
-    weight = ctx.g.const(np.ascontiguousarray(w_np), weight_dtype(integer))
+    storage = _weight_storage(ctx, node, integer)
+    weight = ctx.g.const(np.ascontiguousarray(w_np), storage)
     acc_type = accumulator(x) if integer else DType.FP32
     bias = _bias(ctx, b, out_shape[-1], x.q.s if integer else None, w_scale, acc_type)
-    zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, weight_dtype(integer))]
+    zps = [ctx.g.zero_point(x.q.zp if integer else 0, x.dtype), ctx.g.zero_point(0, storage)]
     attr = make_attr(_ATTRIBUTES[op], *window, False, acc_type)
     acc = ctx.emit(op, [x, weight, bias, *zps], out_shape, acc_type, order=NHWC, attr=attr, node=node)
     if integer:
