@@ -83,3 +83,96 @@ def test_a8w4_runs_on_the_npu_with_half_the_weight_bytes_u55_u85(target):
     assert d4.report.weights_encoded_bytes <= 0.55 * d8.report.weights_encoded_bytes, \
         (d4.report.weights_encoded_bytes, d8.report.weights_encoded_bytes)
     assert_npu_bit_exact(tosa, payload)
+
+
+# ------------------------------------------------------------------ 2:4 pruning and clustering
+
+
+def _sparsity_formats(payload) -> list[str]:
+    """The weight sparsity of each NPU operation that sets it, from the command stream."""
+    from tosakit.runtime.ethosu.commands import decode, disassemble
+
+    return [line.split()[-1] for line in disassemble(decode(payload.cmd_data)) if "WEIGHT_SPARSITY" in line]
+
+
+def _conv_weights(compiled) -> list[np.ndarray]:
+    from tosakit.program import LoweredBackendModule
+
+    [module] = [m for m in compiled.edge.program.graph_module.children() if isinstance(m, LoweredBackendModule)]
+    return [v for _, v, _ in _weights(module.tosa)]
+
+
+def test_prune_2_4_keeps_two_of_every_four_and_its_zeros_while_fine_tuning():
+    """By magnitude, in every 4 consecutive input channels; the fine-tuning hook trains the model and the pruned
+    weights stay 0; the TOSA's int8 weights have the structure."""
+    from tosakit.quantize.transforms import prune_2_4
+
+    model, inputs = _convs()
+    first = model[0].weight.detach().clone()
+
+    def fine_tune(m):
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+        m(*inputs).square().sum().backward()
+        optimizer.step()
+
+    prune_2_4(model, fine_tune=fine_tune)
+    groups = model[0].weight.detach().reshape(32, 4, 4, 9)
+    assert int((groups == 0).sum(2).min()) == 2
+    kept = model[0].parametrizations.weight[0].mask.reshape(32, 4, 4, 9).bool()
+    assert torch.equal(kept, first.reshape(32, 4, 4, 9).abs() >= first.reshape(32, 4, 4, 9).abs().sort(2)
+                       .values[:, :, 2:3])  # the two largest of each four
+    compiled = compile(model.eval(), inputs, "TOSA-1.0+INT", quantize=True)
+    for w in _conv_weights(compiled)[:2]:  # OHWI, flat: input channels last, 16 and 32 of them
+        assert int((w.reshape(-1, 4) == 0).sum(-1).min()) >= 2
+
+
+def test_2_4_sparse_weights_run_in_velas_sparse_format_u85():
+    """Vela 5.2 picks its 2:4 sparse weight format for the pruned convolutions (read from the command stream), the
+    cycles drop below the dense model's, and the stream simulates bit for bit."""
+    from tosakit.quantize.transforms import prune_2_4
+
+    model, inputs = _convs()
+    dense = compile(model, inputs, "ethos-u85-256", quantize=True)
+    sparse = compile(prune_2_4(copy_of(model)), inputs, "ethos-u85-256", quantize=True)
+    [(tosa, payload)] = ethosu_delegates(sparse)
+    assert "WEIGHT_SPARSITY_SPARSE_2_4" in _sparsity_formats(payload)
+    assert set(_sparsity_formats(ethosu_delegates(dense)[0][1])) == {"WEIGHT_SPARSITY_NONE"}
+    assert sparse.edge.delegates[0].report.total_cycles < dense.edge.delegates[0].report.total_cycles
+    assert_npu_bit_exact(tosa, payload)
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"], ids=["u55", "u85"])
+def test_clustered_weights_are_a_few_shared_integers_u55_u85(target):
+    """Clustered to 8 levels per output channel's scale, every convolution's int8 weights hold at most 8
+    distinct integers across the tensor, Vela encodes them in fewer bytes than the dense model's, and the stream
+    simulates bit for bit."""
+    from tosakit.quantize.transforms import cluster_weights
+
+    model, inputs = _convs()
+    dense = compile(model, inputs, target, quantize=True)
+    clustered = compile(cluster_weights(copy_of(model), 8), inputs, target, quantize=True)
+    [(tosa, payload)] = ethosu_delegates(clustered)
+    assert all(len(np.unique(w)) <= 8 for _, w, _ in _weights(tosa))
+    assert clustered.edge.delegates[0].report.weights_encoded_bytes < \
+        0.8 * dense.edge.delegates[0].report.weights_encoded_bytes
+    assert_npu_bit_exact(tosa, payload)
+
+
+def test_clustering_trains_its_shared_levels_and_selects_modules():
+    from tosakit.errors import TosakitError
+    from tosakit.quantize.transforms import cluster_weights
+
+    model, inputs = _convs()
+    cluster_weights(model, 4, modules=["2"])  # the second convolution only
+    assert not hasattr(model[0], "parametrizations") and hasattr(model[2], "parametrizations")
+    model(*inputs).sum().backward()
+    assert model[2].parametrizations.weight[0].levels.grad is not None
+    assert all(len(torch.unique(row)) <= 4 for row in model[2].weight.detach().reshape(32, -1))
+    with pytest.raises(TosakitError, match=r"no convolution or linear layer among \['nope'\]"):
+        cluster_weights(model, 4, modules=["nope"])
+
+
+def copy_of(model):
+    import copy
+
+    return copy.deepcopy(model)

@@ -214,10 +214,34 @@ def promote_constants(gm: GraphModule) -> GraphModule:
     return gm
 
 
+def baked(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its weight parametrizations (2:4 pruning, clustering: ``quantize.transforms``) applied to a
+    copy's weights, which export then captures as constants; ``model`` itself when it has none. (The copy's layers
+    return to their own class one by one: torch's remove_parametrizations would also strip the parametrized class
+    the copy shares with ``model``.)"""
+    from torch.nn.utils import parametrize
+
+    if not any(parametrize.is_parametrized(m) for m in model.modules()):
+        return model
+    import copy
+
+    model = copy.deepcopy(model)
+    for module in list(model.modules()):
+        if parametrize.is_parametrized(module):
+            values = {name: getattr(module, name).detach().clone() for name in module.parametrizations}
+            del module._modules["parametrizations"]
+            module.__class__ = type(module).__bases__[0]
+            for name, value in values.items():
+                module.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
+    return model
+
+
 def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -> ExportedProgram:
-    """``torch.export.export`` with a clear error when the model cannot be captured."""
+    """``torch.export.export`` with a clear error when the model cannot be captured (weight parametrizations
+    baked in, see ``baked``)."""
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
+    model = baked(model)
     logging.disable(logging.WARNING)  # torch logs and prints generated code as export fails
     try:
         with captured_output((1, 2)):
