@@ -329,18 +329,36 @@ class Lowering:
         return self.emit(Op.CLAMP, [v], v.shape, v.dtype, like=v, q=v.q, attr=attr, node=node)
 
     def table(self, v: Value, fn, q_out: QParams, node: Node | None = None) -> Value:
-        """TABLE: ``fn`` (real -> real, on float64 tensors) as a 256-entry int8 lookup from v's
-        quantization to ``q_out``'s."""
+        """TABLE: ``fn`` (real -> real, on float64 tensors) from v's quantization to ``q_out``'s. int8: 256
+        entries, one per input. int16: ``table16``."""
         q_in = v.q
+        if q_in is not None and q_in.dtype == q_out.dtype == torch.int16:
+            return self.table16(v, fn, q_out, node)
         if q_in is None or q_in.dtype != torch.int8 or q_out.dtype != torch.int8:
-            raise TosakitError(f"TABLE lowering needs int8 input and output (node {node.name if node else '?'})",
-                               "use the int8 quantization config for this op")
+            raise TosakitError(f"TABLE lowering needs int8 or int16 input and output of one type (node "
+                               f"{node.name if node else '?'})", "quantize its input and output alike")
         real = (torch.arange(-128, 128, dtype=torch.float64) - q_in.zp) * q_in.s
         values = fn(real).to(torch.float64)
         levels = torch.clamp(torch.round(values / q_out.s) + q_out.zp, q_out.qmin, q_out.qmax)
         table = self.g.const(levels.to(torch.int8).numpy(), DType.INT8)
         return self.emit(Op.TABLE, [v, table], v.shape, DType.INT8, like=v, q=q_out,
                          attr=make_attr("TableAttribute"), node=node)
+
+    def table16(self, v: Value, fn, q_out: QParams, node: Node | None = None) -> Value:
+        """TOSA's int16 TABLE: entry i holds ``fn`` at input -32768 + 128 i quantized to ``q_out`` (513 entries,
+        the last one past the int16 range), each input interpolates linearly between the two entries around it
+        into an int32 with 7 fractional bits, and a RESCALE by 1/128 rounds that to ``q_out``. At the entries'
+        inputs the result is the fake-quantized model's; between them it may differ by one step (the entries are
+        rounded, and ``fn`` is not linear between them; more where it bends sharply within 128 input steps, or
+        jumps: see ``_steps_within_int16``)."""
+        q_in = v.q
+        real = (torch.arange(-32768, 32769, 128, dtype=torch.float64) - q_in.zp) * q_in.s
+        levels = torch.clamp(torch.round(fn(real).to(torch.float64) / q_out.s), q_out.qmin - q_out.zp,
+                             q_out.qmax - q_out.zp)
+        table = self.g.const(_steps_within_int16(levels.to(torch.int16).numpy()), DType.INT16)
+        fixed = self.emit(Op.TABLE, [v, table], v.shape, DType.INT32, like=v, attr=make_attr("TableAttribute"),
+                          node=node)
+        return self.rescale(fixed, 1 / 128, DType.INT16, 0, q_out.zp, q=q_out, node=node)
 
     def q_of(self, node: Node) -> QParams | None:
         return node.meta.get("tosakit_q")
@@ -368,6 +386,17 @@ class Lowering:
 
 
 F32_MAX = 3.4028234663852886e38
+
+
+def _steps_within_int16(levels: np.ndarray) -> np.ndarray:
+    """int16 TABLE entries each within int16 of the one before (moved toward it when not): TOSA requires each step
+    between neighbours to fit int16 (the reference model calls a larger one unpredictable), as Ethos-U's LUT holds
+    it in 16 bits. Only a jump across a pole needs it (reciprocal from -32767 below 0 to 32767 at 0), where no
+    interpolation follows the function anyway."""
+    out = levels.astype(np.int64)
+    for i in range(1, out.size):
+        out[i] = min(max(out[i], out[i - 1] - 32768), out[i - 1] + 32767)
+    return out.astype(np.int16)
 
 
 def is_constant(a) -> bool:

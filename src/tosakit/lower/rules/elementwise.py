@@ -3,7 +3,8 @@
 Float: the TOSA FP op, or a small composition of them (gelu through ERF or TANH,
 silu = x * sigmoid(x), ...). Integer: linear ops rescale their int8 operands
 through int32; any other function of one input is an int8 TABLE built from the
-ATen op itself, so it matches PyTorch on every one of the 256 inputs.
+ATen op itself, so it matches PyTorch on every one of the 256 inputs (and for the
+functions of INT16_TABLES an interpolating int16 TABLE).
 """
 
 from __future__ import annotations
@@ -258,6 +259,9 @@ lowers(aten.pow.Tensor_Scalar, check=_float_inputs)(activation(_pow))
 
 # ------------------------------------------------------------------ functions of one input
 
+# Functions of one input with an int16 TABLE (``Lowering.table16``) too: the ones a Llama decoder computes, and tanh.
+INT16_TABLES = {aten.exp.default, aten.sigmoid.default, aten.silu.default, aten.rsqrt.default,
+                aten.reciprocal.default, aten.tanh.default}
 
 for _target, _op in {
     aten.sigmoid.default: Op.SIGMOID,
@@ -271,7 +275,7 @@ for _target, _op in {
     aten.sin.default: Op.SIN,  # rotary position embeddings computed from the position at run time
     aten.cos.default: Op.COS,
 }.items():
-    lowers(_target)(unary(_op))
+    lowers(_target, int16=_target in INT16_TABLES)(unary(_op))
 
 
 @lowers(aten.sqrt.default)
@@ -294,7 +298,7 @@ def gelu(ctx: Lowering, x: Value, node: Node) -> Value:
     return ew(ctx, Op.MUL, ew(ctx, Op.MUL, x, 0.5, node=node), ew(ctx, Op.ADD, t, 1.0, node=node), node=node)
 
 
-@lowers(aten.silu.default)
+@lowers(aten.silu.default, int16=True)
 @activation
 def silu(ctx: Lowering, x: Value, node: Node) -> Value:
     """x * sigmoid(x)."""

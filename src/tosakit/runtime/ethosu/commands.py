@@ -36,7 +36,8 @@ U85_RUNS = {
                                                                                                "NONE")}
        for fm in ("IFM", "IFM2")},
     ("NPU_SET_OFM_PRECISION", "activation_storage"): {"ACTIVATION_STORAGE_TILE2X2", "ACTIVATION_STORAGE_CHAINED"},
-    ("NPU_SET_ACTIVATION", "activation_function"): {"ACTIVATION_FUNCTION_LUT_NONE", "ACTIVATION_FUNCTION_LUT_S8_S8"},
+    ("NPU_SET_ACTIVATION", "activation_function"): {"ACTIVATION_FUNCTION_LUT_NONE", "ACTIVATION_FUNCTION_LUT_S8_S8",
+                                                   "ACTIVATION_FUNCTION_LUT_S16_S16"},
     ("NPU_SET_ACC_FORMAT", "acc_input"): {"ACC_INPUT_RESET", "ACC_INPUT_IFM2"},
     ("NPU_SET_ACC_FORMAT", "acc_output"): {"ACC_OUTPUT_ENABLE"},
     ("NPU_SET_OFM_SCALE", "round_mode"): {f"ROUND_MODE_OFM_{m}" for m in ("NATURAL", "DOUBLE_SYMMETRIC",

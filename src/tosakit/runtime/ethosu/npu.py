@@ -15,6 +15,7 @@ from . import numerics
 from .commands import NotSimulatedError
 from .featuremap import FeatureMap, Registers
 from .memory import Memory
+from .registers import U55_LUTS, U85_LUTS, Field, Lut
 from .weights import U85Layout, decode_scales, decode_weights, decode_weights_u85, weight_streams_u85
 
 # SHRAM's last 2 KiB hold the LUTs, in slots of 256 bytes (TABLE_0..TABLE_7).
@@ -137,39 +138,50 @@ class Npu:
         return np.clip(values, lo, hi)
 
     def activation(self, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
-        """The activation function (RELU is the plain clip; TABLE_k looks values up in LUT slot k), then the
-        clip."""
+        """The activation function (RELU is the plain clip; a LUT function looks values up in the LUT memory), then
+        the clip."""
         function = self.name("ACTIVATION", "activation_function")
-        if function == "ACTIVATION_FUNCTION_LUT_S8_S8":  # U85: clip (the LUT's input range), look up, store
-            return np.clip(self.lut(self.value("ACTIVATION", "table"), self.clamp(values, ofm)), *ofm.limits)
+        if function in U85_LUTS:  # U85: clip (the LUT's input range), look up, store
+            slot = self.value("ACTIVATION", "table")
+            return np.clip(self.lut(U85_LUTS[function], slot, self.clamp(values, ofm)), *ofm.limits)
         if function == "ACTIVATION_FUNCTION_LUT_NONE":
             pass
-        elif function.startswith("ACTIVATION_FUNCTION_TABLE_"):
-            values = self.table(int(function.rsplit("_", 1)[1]), values, ofm)
+        elif function.startswith("ACTIVATION_FUNCTION_TABLE_"):  # U55/U65: TABLE_k reads slot k
+            values = self.lut(self.u55_lut(ofm), int(function.rsplit("_", 1)[1]), values)
         elif function != "ACTIVATION_FUNCTION_RELU":
             raise UnsupportedCommandError(f"{self.memory.where}: activation {function} is not simulated yet",
                                           "run the program's TOSA instead (tosakit run --engine tosa)")
         return self.clamp(values, ofm)
 
-    def table(self, slot: int, values: np.ndarray, ofm: FeatureMap) -> np.ndarray:
-        """An 8-bit LUT: 256 signed entries in SHRAM's LUT slot ``slot``, indexed by the value + 128."""
-        if ofm.bits > 8 and self.name("ACTIVATION", "activation_clip_range") != "ACTIVATION_CLIP_RANGE_FORCE_INT8":
-            raise UnsupportedCommandError(f"{self.memory.where}: a {ofm.bits}-bit LUT activation is not simulated yet",
-                                          "run the program's TOSA instead (tosakit run --engine tosa)")
-        return self.lut(slot, values)
+    def u55_lut(self, ofm: FeatureMap) -> Lut:
+        """The LUT an Ethos-U55/U65 TABLE activation reads: 8-bit for an int8 OFM (or a clip range forcing int8),
+        16-bit for an int16 one."""
+        bits = 8 if self.name("ACTIVATION", "activation_clip_range").endswith("FORCE_INT8") else ofm.bits
+        if bits not in U55_LUTS:
+            raise UnsupportedCommandError(f"{self.memory.where}: a LUT activation on a {bits}-bit OFM is not "
+                                          "simulated yet", "run the program's TOSA instead (tosakit run --engine tosa)")
+        return U55_LUTS[bits]
 
-    def lut(self, slot: int, values: np.ndarray) -> np.ndarray:
-        """256 signed entries in LUT slot ``slot``, indexed by the value + 128."""
+    def lut(self, table: Lut, slot: int, values: np.ndarray) -> np.ndarray:
+        """``values`` (saturated to the table's input range) looked up in the ``table`` starting at LUT slot
+        ``slot``, interpolated when its entries hold a base and a slope."""
         at = slot * LUT_SLOT_BYTES
-        if at + LUT_SLOT_BYTES > LUT_BYTES:
-            raise TosakitError(f"{self.memory.where}: LUT slot {slot} lies outside the LUT memory",
-                               "the command stream is corrupt")
-        if not self.lut_written[at: at + LUT_SLOT_BYTES].all():
+        if at + table.size > LUT_BYTES:
+            raise TosakitError(f"{self.memory.where}: a {table.bits}-bit LUT at slot {slot} lies outside the LUT "
+                               "memory", "the command stream is corrupt")
+        if not self.lut_written[at: at + table.size].all():
             raise TosakitError(f"{self.memory.where} reads LUT slot {slot}, which no DMA filled",
                                "the command stream is corrupt: recompile the program")
         start = self.shram.size - LUT_BYTES + at
-        lut = self.shram[start: start + LUT_SLOT_BYTES].view(np.int8).astype(np.int64)
-        return lut[np.clip(values, -128, 127) + 128]
+        raw = self.shram[start: start + table.size].view(f"<u{table.entry_bytes}").astype(np.int64)
+        entries = {f.name: _field_values(raw, f) for f in table.fields}
+        lo = -1 << (table.bits - 1)
+        steps = np.clip(values, lo, -lo - 1) - lo
+        index, fraction = steps >> table.fraction_bits, steps & ((1 << table.fraction_bits) - 1)
+        if not table.fraction_bits:
+            return entries["value"][index]
+        half = 1 << (table.fraction_bits - 1)
+        return entries["base"][index] + ((entries["slope"][index] * fraction + half) >> table.fraction_bits)
 
     def read(self, fm: FeatureMap, h: int, w: int, c: int) -> np.ndarray:
         """An operand's [h, w, c] integers: from memory, or (U85) from the chain buffer an operation left."""
@@ -201,6 +213,12 @@ class Kernel:
         top, left, bottom, right = self.pad
         return ((oh - 1) * self.sy + (self.h - 1) * self.dy + 1 - top - bottom,
                 (ow - 1) * self.sx + (self.w - 1) * self.dx + 1 - left - right)
+
+
+def _field_values(words: np.ndarray, field: Field) -> np.ndarray:
+    """A field of each word, sign-extended when the field is signed."""
+    values = (words >> field.lsb) & ((1 << field.width) - 1)
+    return values - ((values >> (field.width - 1)) << field.width) if field.signed else values
 
 
 def check_work(amount: int, what: str) -> None:

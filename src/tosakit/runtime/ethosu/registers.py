@@ -313,6 +313,33 @@ _U85_TABLE = (
 )
 
 
+@dataclass(frozen=True)
+class Lut:
+    """An activation's lookup table in LUT memory: one little-endian entry of ``entry_bytes`` per step of the input
+    (a signed ``bits``-bit value, saturated to that range) shifted right by ``fraction_bits``. Without fraction bits
+    the entry's ``value`` is the result; with them the entry holds a ``base`` and the ``slope`` to the next entry's
+    base, and the result is base + (slope x fraction + half) >> fraction_bits (the input's low bits)."""
+
+    bits: int
+    entry_bytes: int
+    fields: tuple[Field, ...]
+    fraction_bits: int = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes the table takes in LUT memory."""
+        return self.entry_bytes << (self.bits - self.fraction_bits)
+
+
+LUT8 = Lut(8, 1, (Field("value", 0, 8, signed=True),))
+# regor writes a TOSA int16 TABLE's 513 entries as 512 words: entry i, and entry i + 1 less entry i.
+LUT16 = Lut(16, 4, (Field("base", 0, 16, signed=True), Field("slope", 16, 16, signed=True)), fraction_bits=7)
+# The LUT an activation function reads: Ethos-U55/U65's TABLE_k by the OFM precision's bits (an int16 OFM whose
+# clip range is FORCE_INT8 reads an 8-bit one), Ethos-U85's by the function.
+U55_LUTS = {8: LUT8, 16: LUT16}
+U85_LUTS = {"ACTIVATION_FUNCTION_LUT_S8_S8": LUT8, "ACTIVATION_FUNCTION_LUT_S16_S16": LUT16}
+
+
 def _field(enums: dict, name: str, lsb: int, width: int, enum: str | None = None, signed: str = "") -> Field:
     return Field(name, lsb, width, enums[enum] if enum else None, signed == _SIGNED)
 
