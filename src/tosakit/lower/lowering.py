@@ -345,16 +345,18 @@ class Lowering:
                          attr=make_attr("TableAttribute"), node=node)
 
     def table16(self, v: Value, fn, q_out: QParams, node: Node | None = None) -> Value:
-        """TOSA's int16 TABLE: entry i holds ``fn`` at input -32768 + 128 i quantized to ``q_out`` (513 entries,
-        the last one past the int16 range), each input interpolates linearly between the two entries around it
-        into an int32 with 7 fractional bits, and a RESCALE by 1/128 rounds that to ``q_out``. At the entries'
-        inputs the result is the fake-quantized model's; between them it may differ by one step (the entries are
-        rounded, and ``fn`` is not linear between them; more where it bends sharply within 128 input steps, or
-        jumps: see ``_steps_within_int16``)."""
+        """TOSA's int16 TABLE, then a RESCALE by 1/128 to ``q_out``: 513 entries for the inputs -32768 + 128 i (the
+        last one past the int16 range); an input interpolates linearly between the two entries around it, into an
+        int32 with 7 fractional bits. Entry i is ``fn`` there in ``q_out``'s steps, less half of what the straight
+        line from it to the next entry overshoots ``fn`` at their middle (the line then sits in the middle of the
+        curve it replaces), rounded. Where ``fn`` bends within 128 inputs the result may differ from the
+        fake-quantized model's by more than one step (exp; a pole: see ``_steps_within_int16``)."""
         q_in = v.q
-        real = (torch.arange(-32768, 32769, 128, dtype=torch.float64) - q_in.zp) * q_in.s
-        levels = torch.clamp(torch.round(fn(real).to(torch.float64) / q_out.s), q_out.qmin - q_out.zp,
-                             q_out.qmax - q_out.zp)
+        real = (torch.arange(-32768, 32769, 64, dtype=torch.float64) - q_in.zp) * q_in.s
+        steps = torch.clamp(fn(real).to(torch.float64) / q_out.s, q_out.qmin - q_out.zp, q_out.qmax - q_out.zp)
+        at, middle = steps[::2], steps[1::2]
+        excess = torch.cat([(at[:-1] + at[1:]) / 2 - middle, torch.zeros(1, dtype=torch.float64)])
+        levels = torch.clamp(torch.round(at - excess / 2), q_out.qmin - q_out.zp, q_out.qmax - q_out.zp)
         table = self.g.const(_steps_within_int16(levels.to(torch.int16).numpy()), DType.INT16)
         fixed = self.emit(Op.TABLE, [v, table], v.shape, DType.INT32, like=v, attr=make_attr("TableAttribute"),
                           node=node)
