@@ -225,9 +225,10 @@ class Harness:
         assert all(not c.integer for c in checks)
         return compiled
 
-    def int(self, module, inputs, target="TOSA-1.0+INT"):
-        """Quantized model, INT profile: within one step of the fake-quantized model (convert_pt2e)."""
-        compiled = self.compile(module, inputs, target, quantize=True)
+    def int(self, module, inputs, target="TOSA-1.0+INT", **kw):
+        """Quantized model, INT profile: within one step of the fake-quantized model (convert_pt2e); ``kw`` for
+        ``compile`` (a quantization ``config``)."""
+        compiled = self.compile(module, inputs, target, quantize=True, **kw)
         self.assert_delegated(compiled)
         self.assert_checks(compiled, inputs)
         self.assert_matches_fake_quant(compiled, inputs)
@@ -288,11 +289,11 @@ class Harness:
                 assert torch.equal(e, w), f"output {k}: the partitioned program is not the quantized model"
         return len(layers)
 
-    def ethosu(self, module, inputs, target, case: str | None = None):
+    def ethosu(self, module, inputs, target, case: str | None = None, **kw):
         """Quantized for an Ethos-U: every op on the NPU (Vela agrees), integers match PyTorch; on U55/U65 the
         command stream, simulated, equals the reference model on its TOSA (or differs as NPU_DIFFERENCES pins
-        for ``case``)."""
-        compiled = self.compile(module, inputs, target, quantize=True)
+        for ``case``); ``kw`` for ``compile`` (a quantization ``config``)."""
+        compiled = self.compile(module, inputs, target, quantize=True, **kw)
         self.assert_delegated(compiled)
         for d in compiled.edge.delegates:
             assert d.backend_id == "EthosUBackend"
@@ -400,6 +401,19 @@ def assert_npu_bit_exact(tosa: bytes, payload, seeds=(0, 1)) -> None:
             assert diff.size == 0, (
                 f"seed {seed}, output {k}: {diff.size} of {w.size} values differ, first at {diff[0]}: "
                 f"simulated {g[diff[0]]}, reference {w[diff[0]]}")
+
+
+def assert_u85_bit_exact(found, seeds=(0,)) -> str:
+    """Each Ethos-U85 delegate in ``found`` run by the simulator (nothing refused) bit for bit; their listings,
+    joined."""
+    from tosakit.runtime.ethosu.commands import decode, disassemble
+
+    listings = []
+    for tosa, payload in found:
+        stream = decode(payload.cmd_data).require_simulated()
+        assert_npu_bit_exact(tosa, payload, seeds=seeds)
+        listings += disassemble(stream)
+    return "\n".join(listings)
 
 
 # Op-table cases whose simulated Ethos-U55 stream differs from the TOSA reference model, with why. Each is

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, ethosu_delegates, npu_inputs
+from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, assert_u85_bit_exact, ethosu_delegates, npu_inputs
 from tosakit.capture import export
 from tosakit.errors import TosakitError
 from tosakit.flow import compile, quantize_model
 from tosakit.runtime.ethosu import npu, weights
 from tosakit.runtime.ethosu.codec import CODEC
-from tosakit.runtime.ethosu.commands import decode, disassemble
+from tosakit.runtime.ethosu.commands import decode
 from tosakit.runtime.ethosu.memory import NpuAccessError
 from tosakit.runtime.ethosu.npu import weight_streams
 from tosakit.runtime.ethosu.registers import register_map
@@ -464,22 +464,12 @@ U85_COVERS = {
 }
 
 
-def _u85_bit_exact(found, seeds=(0,)) -> str:
-    """Each delegate run by the simulator (nothing refused) bit for bit; their listings, joined."""
-    listings = []
-    for tosa, payload in found:
-        stream = decode(payload.cmd_data).require_simulated()
-        assert_npu_bit_exact(tosa, payload, seeds=seeds)
-        listings += disassemble(stream)
-    return "\n".join(listings)
-
-
 @pytest.mark.parametrize("model_name,target,memory_mode", _model_configs(U85_CONFIGS))
 def test_builtin_model_u85(model_name, target, memory_mode):
     """Every built-in model, int8, on every Ethos-U85 configuration: the reference model's outputs bit for bit
     (transformer's MatMuls read IFM2 as weights, unet resizes bilinear and nearest)."""
     model, inputs = MODELS[model_name].factory()
-    _u85_bit_exact(delegates(model, inputs, target, memory_mode, key=model_name))
+    assert_u85_bit_exact(delegates(model, inputs, target, memory_mode, key=model_name))
 
 
 @pytest.mark.parametrize("model_name", A16W8)
@@ -488,7 +478,7 @@ def test_builtin_model_a16w8_u85(model_name):
     from tosakit.quantize import get_symmetric_a16w8_quantization_config
 
     model, inputs = MODELS[model_name].factory()
-    _u85_bit_exact(delegates(model, inputs, "ethos-u85-256", config=get_symmetric_a16w8_quantization_config()))
+    assert_u85_bit_exact(delegates(model, inputs, "ethos-u85-256", config=get_symmetric_a16w8_quantization_config()))
 
 
 @pytest.mark.parametrize("op_table,name", _op_cases("u85"))
@@ -498,7 +488,7 @@ def test_op_case_u85(op_table, name):
     module, inputs = op_table.build(name)
     torch.manual_seed(0)
     compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
-    listing = _u85_bit_exact(ethosu_delegates(compiled), seeds=(0, 1, 2) if name in U85_COVERS else (0,))
+    listing = assert_u85_bit_exact(ethosu_delegates(compiled), seeds=(0, 1, 2) if name in U85_COVERS else (0,))
     assert U85_COVERS.get(name, "") in listing
 
 
@@ -511,7 +501,7 @@ def test_op_case_every_u85_configuration(op_table, name):
     quantized = quantized_once(module, inputs, EthosUCompileSpec("ethos-u85-256"))  # one profile for every U85
     for target, memory_mode in U85_CONFIGS:
         if (target, memory_mode) != ("ethos-u85-256", None):
-            _u85_bit_exact(ethosu_delegates(compile(quantized, inputs, EthosUCompileSpec(target,
+            assert_u85_bit_exact(ethosu_delegates(compile(quantized, inputs, EthosUCompileSpec(target,
                                                                                       memory_mode=memory_mode))))
 
 
