@@ -49,7 +49,7 @@ def _embedding_check(node: Node, spec) -> str | None:
     return None
 
 
-@lowers(aten.embedding.default, u55=False, check=_embedding_check,
+@lowers(aten.embedding.default, u55=False, int16=True, check=_embedding_check,
         note="it needs TOSA GATHER")
 def embedding(ctx: Lowering, node: Node) -> Value:
     """GATHER rows of the [1, V, D] table at the [1, W] flattened indices."""

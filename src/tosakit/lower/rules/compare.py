@@ -105,7 +105,7 @@ def logical(ctx: Lowering, node: Node) -> Value:
     return ew(ctx, LOGIC[node.target], *(ctx.arg(a) for a in node.args), node=node)
 
 
-@lowers(aten.where.self, u55=False)
+@lowers(aten.where.self, u55=False, int16=True)
 def where(ctx: Lowering, node: Node) -> Value:
     """SELECT; quantized choices first take the output's quantization."""
     cond, a, b = (ctx.arg(x) for x in node.args[:3])

@@ -1,0 +1,106 @@
+"""Ops with 16-bit activations (a16w8: ``get_symmetric_a16w8_quantization_config``), three ways: _int (the TOSA INT
+graph on the reference model against the fake-quantized model evaluated exactly), _u55 and _u85 (compiled by Vela
+with every op on the NPU, the command stream simulated bit for bit against the reference model on its TOSA). Where
+Ethos-U55/U65 cannot run an op in int16, the _u55 test pins it on the CPU with its reason. Every case checks that
+its delegates take int16 activations and hold the TOSA op the lowering stands for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import assert_u85_bit_exact, ethosu_delegates
+from op_cases import Fn, seed_inputs
+
+pytestmark = pytest.mark.numerics
+
+
+def _config():
+    from tosakit.quantize import get_symmetric_a16w8_quantization_config
+
+    return get_symmetric_a16w8_quantization_config()
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(32, 16)
+
+    def forward(self, tokens):
+        return self.emb(tokens)
+
+
+KEYS = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)  # cache positions against query positions: a causal
+QUERIES = torch.tensor([[2], [5], [7]], dtype=torch.int32)  # mask, as the decoder's attention compares them
+TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]], dtype=torch.int32)
+NO_SELECT = "aten.where.self is outside the Ethos-U55/U65 TOSA subset"
+NO_GATHER = "aten.embedding.default is outside the Ethos-U55/U65 TOSA subset: it needs TOSA GATHER"
+
+# name -> (module factory, inputs (shapes of seeded floats, or tensors as they are), TOSA op, the U55's reason for
+# keeping the op on the CPU (None: it runs on the U55 too))
+CASES = {
+    "amax": (lambda: Fn(lambda x: x.amax((1, 2), keepdim=True)), [(2, 3, 4)], "REDUCE_MAX", None),
+    "amax_last": (lambda: Fn(lambda x: x - x.amax(-1, keepdim=True)), [(2, 4, 16)], "REDUCE_MAX", None),
+    "max_all": (lambda: Fn(lambda x: x.max()), [(2, 3, 4)], "REDUCE_MAX", None),
+    "where": (lambda: Fn(lambda x, y, k, q: torch.where(k <= q, x, 3 * y)), [(2, 3, 8), (2, 3, 8), KEYS, QUERIES],
+              "SELECT", NO_SELECT),
+    "embedding": (TokenEmbedding, [TOKENS], "GATHER", NO_GATHER),
+}
+
+
+def _case(name):
+    factory, specs, _, _ = CASES[name]
+    floats = iter(seed_inputs(*[s for s in specs if not isinstance(s, torch.Tensor)]))
+    torch.manual_seed(0)
+    return factory().eval(), tuple(s.clone() if isinstance(s, torch.Tensor) else next(floats) for s in specs)
+
+
+def _params(flavour, u55=None):
+    return [pytest.param(name, id=f"{name}_{flavour}") for name, case in CASES.items()
+            if u55 is None or (case[3] is None) == u55]
+
+
+def _assert_int16_op(compiled, name):
+    """Every delegate's activations are int16 (no int8 tensor crosses its boundary), and one holds the case's TOSA
+    op."""
+    from tosakit.program import LoweredBackendModule
+    from tosakit.runtime.tosa_check import check_tosa
+
+    delegates = [m for m in compiled.edge.program.graph_module.children() if isinstance(m, LoweredBackendModule)]
+    assert delegates
+    for m in delegates:
+        io = check_tosa(m.tosa, "delegate", 1 << 31)
+        dtypes = {t.dtype for t in io.inputs + io.outputs}
+        assert "INT16" in dtypes and dtypes <= {"INT16", "INT32", "BOOL"}, dtypes
+    assert any(CASES[name][2] in d.tosa_ops for d in compiled.edge.delegates)
+
+
+@pytest.mark.parametrize("name", _params("int"))
+def test_a16w8_op_int(harness, name):
+    module, inputs = _case(name)
+    _assert_int16_op(harness.int(module, inputs, config=_config()), name)
+
+
+@pytest.mark.parametrize("name", _params("u55", u55=True))
+def test_a16w8_op_u55(harness, name):
+    module, inputs = _case(name)
+    _assert_int16_op(harness.ethosu(module, inputs, "ethos-u55-128", case=name, config=_config()), name)
+
+
+@pytest.mark.parametrize("name", _params("u55", u55=False))
+def test_a16w8_op_refused_u55(harness, name):
+    """What Ethos-U55/U65 cannot run in int16 stays on the CPU, the reason naming the target's limit (not a missing
+    int16 lowering)."""
+    module, inputs = _case(name)
+    compiled = harness.compile(module, inputs, "ethos-u55-128", quantize=True, config=_config())
+    reasons = {p.reason for p in harness.cpu_compute(compiled)}
+    assert CASES[name][3] in reasons and not any("no int16 (a16w8) lowering" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("name", _params("u85"))
+def test_a16w8_op_u85(harness, name):
+    module, inputs = _case(name)
+    compiled = harness.ethosu(module, inputs, "ethos-u85-256", config=_config())
+    _assert_int16_op(compiled, name)
+    assert_u85_bit_exact(ethosu_delegates(compiled), seeds=(0, 1, 2))
