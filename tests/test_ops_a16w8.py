@@ -45,6 +45,9 @@ CASES = {
     "max_all": (lambda: Fn(lambda x: x.max()), [(2, 3, 4)], "REDUCE_MAX", None),
     "where": (lambda: Fn(lambda x, y, k, q: torch.where(k <= q, x, 3 * y)), [(2, 3, 8), (2, 3, 8), KEYS, QUERIES],
               "SELECT", NO_SELECT),
+    "sum": (lambda: Fn(lambda x: x.sum(1)), [(2, 5, 3)], "REDUCE_SUM", None),
+    "sum_last_keepdim": (lambda: Fn(lambda x: x.sum(-1, keepdim=True)), [(1, 4, 64)], "REDUCE_SUM", None),
+    "sum_all": (lambda: Fn(lambda x: x.sum()), [(2, 3, 4)], "REDUCE_SUM", None),
     "embedding": (TokenEmbedding, [TOKENS], "GATHER", NO_GATHER),
 }
 
@@ -104,3 +107,13 @@ def test_a16w8_op_u85(harness, name):
     compiled = harness.ethosu(module, inputs, "ethos-u85-256", config=_config())
     _assert_int16_op(compiled, name)
     assert_u85_bit_exact(ethosu_delegates(compiled), seeds=(0, 1, 2))
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda x: x.sum(), "aten.sum.dim_IntList adds 65540 int16 values, which can overflow its int32 accumulator"),
+], ids=["sum_65540"])
+def test_a16w8_limits_refused_with_reason_int(harness, fn, why):
+    """A sum of more int16 values than int32 always holds stays on the CPU and says why."""
+    compiled = harness.compile(Fn(fn).eval(), seed_inputs((4, 16385)), "TOSA-1.0+INT", quantize=True, config=_config())
+    [left] = harness.cpu_compute(compiled)
+    assert left.reason.startswith(why), left.reason

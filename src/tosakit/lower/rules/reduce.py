@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from ...quantize.qdq import integer_dtype
 from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr
 from ..tosa_graph import DType, Op, TosaGraph, Value, identity
 from ..transpose import TransposeCase, emit_transpose, transpose_case
@@ -29,6 +30,7 @@ REDUCE_ATTR = {
 }
 U55_ARGMAX_CHANNELS = 127  # Vela: an Ethos-U55/U65 ARGMAX runs over at most 127 channels
 U55_ARGMAX_POSITIONS = 65536  # ... at up to 65536 positions (W*H)
+INT16_SUM_LIMIT = 1 << 16  # int16 values an int32 sum holds whatever they are (2**16 * 32767 < 2**31)
 ARGMAX_INPUTS = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16)  # int8/16: quantized
 
 
@@ -75,7 +77,15 @@ def _float_check(node: Node, spec) -> str | None:
     return None
 
 
-@lowers(aten.sum.dim_IntList, check=checks(_float_check))
+def _int16_sum_check(node: Node, spec) -> str | None:
+    count = math.prod(node.args[0].meta["val"].shape[d] for d in reduce_dims(node))
+    if integer_dtype(node) == torch.int16 and count > INT16_SUM_LIMIT:
+        return (f"{node.target} adds {count} int16 values, which can overflow its int32 accumulator (at most "
+                f"{INT16_SUM_LIMIT}): sum in parts, or quantize it with int8 activations")
+    return None
+
+
+@lowers(aten.sum.dim_IntList, int16=True, check=checks(_float_check, _int16_sum_check))
 def sum_(ctx: Lowering, node: Node) -> Value:
     """Integers: REDUCE_SUM in int32 (zero point removed), one RESCALE to the output's quantization."""
     x = ctx.arg(node.args[0])
