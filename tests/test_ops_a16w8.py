@@ -22,6 +22,11 @@ def _config():
     return get_symmetric_a16w8_quantization_config()
 
 
+def _rotate_half(x):
+    """Llama's rotary helper."""
+    return torch.cat((-x[..., 4:], x[..., :4]), dim=-1)
+
+
 class TokenEmbedding(nn.Module):
     def __init__(self):
         super().__init__()
@@ -40,6 +45,9 @@ NO_GATHER = "aten.embedding.default is outside the Ethos-U55/U65 TOSA subset: it
 # name -> (module factory, inputs (shapes of seeded floats, or tensors as they are), TOSA op, the U55's reason for
 # keeping the op on the CPU (None: it runs on the U55 too))
 CASES = {
+    "neg": (lambda: Fn(torch.neg), [(1, 4, 5, 5)], "NEGATE", None),
+    "neg_slice": (lambda: Fn(lambda x: -x[..., 4:]), [(1, 2, 6, 8)], "NEGATE", None),  # on a finer scale than x's
+    "neg_rotate_half": (lambda: Fn(_rotate_half), [(1, 2, 6, 8)], "NEGATE", None),
     "amax": (lambda: Fn(lambda x: x.amax((1, 2), keepdim=True)), [(2, 3, 4)], "REDUCE_MAX", None),
     "amax_last": (lambda: Fn(lambda x: x - x.amax(-1, keepdim=True)), [(2, 4, 16)], "REDUCE_MAX", None),
     "max_all": (lambda: Fn(lambda x: x.max()), [(2, 3, 4)], "REDUCE_MAX", None),

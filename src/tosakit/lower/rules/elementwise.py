@@ -200,12 +200,15 @@ def div(ctx: Lowering, node: Node) -> Value:
     return ew(ctx, Op.MUL, ctx.arg(a), inverse, node=node)
 
 
-@lowers(aten.neg.default)
+@lowers(aten.neg.default, int16=True)
 def neg(ctx: Lowering, node: Node) -> Value:
-    """NEGATE, zero points included; a TABLE when the quantized output has another scale."""
+    """NEGATE, zero points included; int8 with another output scale is a TABLE. int16 (zero point 0) negates
+    exactly on the input's scale, and the lowering rescales that to the output's."""
     x = ctx.arg(node.args[0])
     q_out = ctx.q_of(node)
-    if q_out is not None and q_out.s != x.q.s:
+    if q_out is not None and x.dtype == DType.INT16:
+        q_out = x.q
+    elif q_out is not None and q_out.s != x.q.s:
         return ctx.table(x, torch.neg, q_out, node=node)
     zps = (x.q.zp, q_out.zp) if q_out is not None else (0, 0)
     zp_consts = [ctx.g.zero_point(zp, x.dtype) for zp in zps]
