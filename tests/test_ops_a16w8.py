@@ -48,6 +48,8 @@ CASES = {
     "neg": (lambda: Fn(torch.neg), [(1, 4, 5, 5)], "NEGATE", None),
     "neg_slice": (lambda: Fn(lambda x: -x[..., 4:]), [(1, 2, 6, 8)], "NEGATE", None),  # on a finer scale than x's
     "neg_rotate_half": (lambda: Fn(_rotate_half), [(1, 2, 6, 8)], "NEGATE", None),
+    "pow_2": (lambda: Fn(lambda x: x.pow(2)), [(1, 4, 5, 5)], "MUL", None),
+    "pow_2_rms": (lambda: Fn(lambda x: x * x.pow(2).mean(-1, keepdim=True)), [(2, 6, 16)], "MUL", None),
     "amax": (lambda: Fn(lambda x: x.amax((1, 2), keepdim=True)), [(2, 3, 4)], "REDUCE_MAX", None),
     "amax_last": (lambda: Fn(lambda x: x - x.amax(-1, keepdim=True)), [(2, 4, 16)], "REDUCE_MAX", None),
     "max_all": (lambda: Fn(lambda x: x.max()), [(2, 3, 4)], "REDUCE_MAX", None),
@@ -118,10 +120,12 @@ def test_a16w8_op_u85(harness, name):
 
 
 @pytest.mark.parametrize("fn, why", [
+    (lambda x: x.pow(3), "aten.pow.Tensor_Scalar with exponent 3 has no int16 (a16w8) lowering (only x ** 2 has)"),
     (lambda x: x.sum(), "aten.sum.dim_IntList adds 65540 int16 values, which can overflow its int32 accumulator"),
-], ids=["sum_65540"])
+], ids=["pow_3", "sum_65540"])
 def test_a16w8_limits_refused_with_reason_int(harness, fn, why):
-    """A sum of more int16 values than int32 always holds stays on the CPU and says why."""
+    """An int16 power other than a square, or a sum of more int16 values than int32 always holds, stays on the
+    CPU and says why."""
     compiled = harness.compile(Fn(fn).eval(), seed_inputs((4, 16385)), "TOSA-1.0+INT", quantize=True, config=_config())
     [left] = harness.cpu_compute(compiled)
     assert left.reason.startswith(why), left.reason

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
-from ...quantize.qdq import INDEX_RESULT_OPS, QParams
+from ...quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype
 from ..lowering import F32_MAX, NAN_PROPAGATE, Lowering, int_dtype, lowers, quantized_bounds
 from ..tosa_graph import TORCH_TO_TOSA, DType, Op, Value, is_float, make_attr, quantize_multiplier
 
@@ -257,7 +257,25 @@ def _pow(ctx: Lowering, x: Value, node: Node) -> Value:
     return p if e > 0 else ew(ctx, Op.RECIPROCAL, p, node=node)
 
 
-lowers(aten.pow.Tensor_Scalar, check=_float_inputs)(activation(_pow))
+_pow_or_table = activation(_pow)
+
+
+def _pow_check(node: Node, spec) -> str | None:
+    if integer_dtype(node) == torch.int16 and node.args[1] != 2:
+        return f"{node.target} with exponent {node.args[1]} has no int16 (a16w8) lowering (only x ** 2 has)"
+    return _float_inputs(node, spec)
+
+
+@lowers(aten.pow.Tensor_Scalar, int16=True, check=_pow_check)
+def pow_(ctx: Lowering, node: Node) -> Value:
+    """int16 x ** 2: MUL int16 x int16 -> int32, then one RESCALE; other quantized powers are int8 TABLEs."""
+    x = ctx.arg(node.args[0])
+    q_out = ctx.q_of(node)
+    if q_out is None or x.dtype != DType.INT16:
+        return _pow_or_table(ctx, node)
+    shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
+    acc = ctx.emit(Op.MUL, [x, x, shift], x.shape, DType.INT32, like=x, node=node)
+    return ctx.rescale(acc, x.q.s * x.q.s / q_out.s, int_dtype(q_out), 0, q_out.zp, q=q_out, node=node)
 
 
 # ------------------------------------------------------------------ functions of one input
