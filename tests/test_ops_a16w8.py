@@ -39,6 +39,8 @@ class TokenEmbedding(nn.Module):
 KEYS = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)  # cache positions against query positions: a causal
 QUERIES = torch.tensor([[2], [5], [7]], dtype=torch.int32)  # mask, as the decoder's attention compares them
 TOKENS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]], dtype=torch.int32)
+NO_MATMUL16 = ("MATMUL on Ethos-U55/U65: MATMUL runs on int8 x int8 only, not int16 x int16: quantize it with int8 "
+               "activations")
 NO_SELECT = "aten.where.self is outside the Ethos-U55/U65 TOSA subset"
 NO_GATHER = "aten.embedding.default is outside the Ethos-U55/U65 TOSA subset: it needs TOSA GATHER"
 
@@ -58,6 +60,10 @@ CASES = {
     "sum": (lambda: Fn(lambda x: x.sum(1)), [(2, 5, 3)], "REDUCE_SUM", None),
     "sum_last_keepdim": (lambda: Fn(lambda x: x.sum(-1, keepdim=True)), [(1, 4, 64)], "REDUCE_SUM", None),
     "sum_all": (lambda: Fn(lambda x: x.sum()), [(2, 3, 4)], "REDUCE_SUM", None),
+    "bmm": (lambda: Fn(torch.bmm), [(2, 8, 16), (2, 16, 8)], "MATMUL", NO_MATMUL16),
+    "matmul_2d": (lambda: Fn(torch.matmul), [(8, 16), (16, 4)], "MATMUL", NO_MATMUL16),
+    "attention_scores": (lambda: Fn(lambda q, k: q @ k.transpose(-1, -2)), [(1, 2, 8, 16), (1, 2, 8, 16)], "MATMUL",
+                         NO_MATMUL16),
     "embedding": (TokenEmbedding, [TOKENS], "GATHER", NO_GATHER),
 }
 

@@ -124,8 +124,10 @@ def argmax_limits(op: EmittedOp) -> str | None:
 
 def matmul_limits(op: EmittedOp) -> str | None:
     a, b = _shape(op, 0), _shape(op, 1)
-    if (op.inputs[0].dtype, op.inputs[1].dtype) != (DType.INT8, DType.INT8):
-        return "MATMUL runs on int8 x int8 only"
+    dtypes = (op.inputs[0].dtype, op.inputs[1].dtype)
+    if dtypes != (DType.INT8, DType.INT8):
+        return (f"MATMUL runs on int8 x int8 only, not {' x '.join(d.name.lower() for d in dtypes)}: quantize it "
+                "with int8 activations")
     if b[1] * b[2] > 65536 or a[2] > 65536:
         return f"MATMUL operands {list(a)} x {list(b)}: W*C exceeds 65536"
     return None

@@ -1,12 +1,13 @@
-"""Attention building blocks: MATMUL for bmm/mm (int8 x int8 -> int32, then RESCALE in INT), GATHER for embedding."""
+"""Attention building blocks: MATMUL for bmm/mm (int8 x int8 -> int32, int16 x int16 -> int48, then RESCALE in INT),
+GATHER for embedding."""
 
 from __future__ import annotations
 
 import torch
 from torch.fx import Node
 
-from ..lowering import Lowering, int_dtype, lowers, make_attr
-from ..tosa_graph import DType, Op, Value
+from ..lowering import Lowering, accumulator, int_dtype, lowers, make_attr
+from ..tosa_graph import Op, Value
 from .elementwise import mul
 
 aten = torch.ops.aten
@@ -16,7 +17,8 @@ lowers(aten.mul.Scalar)(mul)
 
 
 def _matmul3(ctx: Lowering, node: Node, a: Value, b: Value) -> Value:
-    """MATMUL of [N, H, C] x [N, C, W] in torch order; the INT result is requantized to the node's output."""
+    """MATMUL of [N, H, C] x [N, C, W] in torch order; the INT result (int32, or int48 for int16 operands) is
+    requantized to the node's output."""
     a, b = ctx.torch_order(a), ctx.torch_order(b)
     shape = (a.shape[0], a.shape[1], b.shape[2])
     q_out = ctx.q_of(node)
@@ -24,17 +26,17 @@ def _matmul3(ctx: Lowering, node: Node, a: Value, b: Value) -> Value:
         zps = [ctx.g.zero_point(0, a.dtype), ctx.g.zero_point(0, b.dtype)]
         return ctx.emit(Op.MATMUL, [a, b, *zps], shape, a.dtype, attr=make_attr("MatMulAttribute"), node=node)
     zps = [ctx.g.zero_point(a.q.zp, a.dtype), ctx.g.zero_point(b.q.zp, b.dtype)]
-    acc = ctx.emit(Op.MATMUL, [a, b, *zps], shape, DType.INT32, attr=make_attr("MatMulAttribute"), node=node)
+    acc = ctx.emit(Op.MATMUL, [a, b, *zps], shape, accumulator(a), attr=make_attr("MatMulAttribute"), node=node)
     out = ctx.rescale(acc, a.q.s * b.q.s / q_out.s, int_dtype(q_out), 0, q_out.zp, q=q_out, node=node)
     return ctx.fused_clamp(out, node)
 
 
-@lowers(aten.bmm.default)
+@lowers(aten.bmm.default, int16=True)
 def bmm(ctx: Lowering, node: Node) -> Value:
     return _matmul3(ctx, node, ctx.arg(node.args[0]), ctx.arg(node.args[1]))
 
 
-@lowers(aten.mm.default)
+@lowers(aten.mm.default, int16=True)
 def mm(ctx: Lowering, node: Node) -> Value:
     """[H, C] x [C, W] as a batch of one."""
     a, b = (ctx.arg(x) for x in node.args[:2])
