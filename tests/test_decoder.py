@@ -82,6 +82,32 @@ def test_generation_from_the_pte_files_equals_the_fake_quantized_models(programs
     assert float((forgetful[0, -1] - got_logits[1]).abs().max()) > 2 * steps[1]
 
 
+# The decoder's functions that need int16 TABLEs (not lowered yet): with a16w8 only these may stay on the CPU.
+INT16_TABLE_FUNCTIONS = {"aten.exp.default", "aten.reciprocal.default", "aten.rsqrt.default", "aten.silu.default",
+                         "aten.sigmoid.default"}
+
+
+@pytest.mark.numerics
+def test_a16w8_prefill_lowers_all_but_the_table_functions_u85(harness):
+    """a16w8 on ethos-u85-256: the embedding's GATHER, RMSNorm's square, the rotary negation, the attention MatMuls
+    (int16 x int16 -> int48), the softmax's max and sum and the mask's SELECT run on the NPU in int16; only the
+    functions that need int16 TABLEs are left on the CPU, each saying so. Every delegated layer is within one step
+    of the exact fake-quantized layer, and the program equals the exact fake-quantized graph fed the lowering's own
+    integers bit for bit."""
+    from tosakit.flow import compile
+    from tosakit.quantize import get_symmetric_a16w8_quantization_config
+
+    model = _decoder()
+    inputs = prefill_inputs(model, PROMPT)
+    compiled = compile(model, inputs, "ethos-u85-256", quantize=True, config=get_symmetric_a16w8_quantization_config())
+    left = harness.cpu_compute(compiled)
+    assert {p.target for p in left} <= INT16_TABLE_FUNCTIONS, [(p.node, p.reason) for p in left]
+    assert all("has no int16 (a16w8) lowering yet" in p.reason for p in left)
+    ops = [op for d in compiled.edge.delegates for op in d.tosa_ops]
+    assert {"GATHER", "NEGATE", "MATMUL", "REDUCE_MAX", "REDUCE_SUM", "SELECT"} <= set(ops)
+    assert harness.assert_integer_lowering(compiled.edge, inputs) > 100
+
+
 def test_generation_past_the_cache_is_refused():
     model = _decoder()
     with pytest.raises(TosakitError, match=r"12-token prompt and 13 steps need 25 cache positions; the decoder "
