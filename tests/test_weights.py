@@ -176,3 +176,48 @@ def copy_of(model):
     import copy
 
     return copy.deepcopy(model)
+
+
+# ------------------------------------------------------------------ the sweep
+
+
+def test_sweep_measures_each_scheme_and_its_front(tmp_path):
+    """digits on ethos-u55-128: each scheme's accuracy (float, fake-quantized, program), Vela's figures and
+    per-operation cycles; clustering to 8 levels encodes fewer weight bytes than int8; the Pareto front holds the
+    schemes no other beats on both; report.html carries the plots and the per-operation table."""
+    from tosakit.report import write_sweep_html
+    from tosakit.sweep import pareto, sweep, table
+
+    rows = sweep("digits", "ethos-u55-128", ["int8", "int8+cluster8"], limit=40, progress=False)
+    int8, clustered = rows
+    assert int8.accuracy.float_accuracy == clustered.accuracy.float_accuracy
+    assert clustered.weights_encoded_bytes < int8.weights_encoded_bytes and int8.cycles > 0
+    assert {op.name for op in int8.per_op} and sum(op.cycles for op in int8.per_op) <= int8.cycles
+    front = pareto(rows, "weights_encoded_bytes")
+    assert "int8+cluster8" in front and ("int8" in front) == (int8.score > clustered.score)
+    assert "int8+cluster8" in table(rows)
+    fronts = {cost: pareto(rows, cost) for cost in ("cycles", "weights_encoded_bytes")}
+    write_sweep_html(tmp_path / "report.html", "digits", rows, fronts)
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 1 and int8.per_op[0].name in page
+
+
+def test_sweep_in_worker_processes_gives_the_same_rows():
+    """Two schemes compiled in two worker processes: the figures equal the ones compiled here."""
+    from tosakit.sweep import sweep
+
+    schemes = ["int8", "a8w4"]
+    here = sweep("digits", "ethos-u55-128", schemes, jobs=1, limit=20, progress=False)
+    pool = sweep("digits", "ethos-u55-128", schemes, jobs=2, limit=20, progress=False)
+    for a, b in zip(here, pool):
+        assert (a.scheme, a.cycles, a.weights_encoded_bytes, a.accuracy.program_accuracy) == \
+            (b.scheme, b.cycles, b.weights_encoded_bytes, b.accuracy.program_accuracy)
+
+
+@pytest.mark.parametrize("scheme,message", [("int9", "unknown quantization 'int9'"),
+                                            ("int8+3:4", "unknown weight transform(s) 3:4")])
+def test_sweep_refuses_unknown_schemes(scheme, message, capsys):
+    from tosakit.cli import main
+
+    assert main(["sweep", "-m", "digits", "--schemes", scheme]) == 2
+    assert message in capsys.readouterr().err

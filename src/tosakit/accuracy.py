@@ -58,29 +58,36 @@ def measure(model: nn.Module, data: Split, target: str, schemes: list[str], cali
     given), lower it for ``target``, and compare the three models' accuracy on the held-out split (``limit``
     samples at most). Float and fake-quantized models are evaluated in float64 (exactly), so that no
     figure hinges on float summation order; the program's integers are exact by nature."""
+    rows = []
+    for scheme in _schemes(schemes):
+        rows.append(measure_scheme(model, data, target, scheme, SCHEMES[scheme](), calibration, limit, layers)[0])
+        print(f"  {scheme}: {rows[-1].program_accuracy:.2f}% in {rows[-1].seconds:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def measure_scheme(model: nn.Module, data: Split, target: str, scheme: str, config, calibration: int | list[tuple] = 64,
+                   limit: int | None = None, layers: bool = False, reference: nn.Module | None = None):
+    """``measure`` for one scheme named ``scheme``, quantized with ``config``; its row and the compiled program.
+    ``reference``: the float model to measure against (the model before weight transforms; default ``model``)."""
     model = model.eval()
     x, y = data.test_x[:limit], data.test_y[:limit]
     samples = data.calibration(calibration) if isinstance(calibration, int) else list(calibration)
-    twin = copy.deepcopy(model).double()
+    twin = copy.deepcopy(reference if reference is not None else model).eval().double()
     with torch.no_grad():
         float_logits = torch.cat([twin(x[i:i + 1].double()) for i in range(len(x))]).float()
-    rows = []
-    for scheme in _schemes(schemes):
-        start = time.perf_counter()
-        spec = compile_spec_for_target(target).with_debug_info()
-        compiled = compile(model, (x[:1],), spec, quantize=True, config=SCHEMES[scheme](), calibration=samples)
-        program = LoadedProgram(compiled.program.buffer, f"{scheme} program", isolate=False)
-        fake = torch.cat([evaluate_exact(compiled.quantized, x[i:i + 1])[0] for i in range(len(x))])
-        got = torch.cat([program.run([x[i:i + 1]])[0] for i in range(len(x))])
-        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
-        report = verify(compiled.edge, compiled.program, (x[:1],), model, compiled.quantized, layers=True) \
-            if layers else None
-        agree = 100.0 * float((got.argmax(-1) == fake.argmax(-1)).double().mean())
-        rows.append(SchemeAccuracy(scheme, _top1(float_logits, y), _top1(fake, y), _top1(got, y),
-                                   Agreement.of(got, float_logits).snr_db, len(cpu), time.perf_counter() - start,
-                                   report, agree))
-        print(f"  {scheme}: {rows[-1].program_accuracy:.2f}% in {rows[-1].seconds:.1f} s", file=sys.stderr, flush=True)
-    return rows
+    start = time.perf_counter()
+    spec = compile_spec_for_target(target).with_debug_info()
+    compiled = compile(model, (x[:1],), spec, quantize=True, config=config, calibration=samples)
+    program = LoadedProgram(compiled.program.buffer, f"{scheme} program", isolate=False)
+    fake = torch.cat([evaluate_exact(compiled.quantized, x[i:i + 1])[0] for i in range(len(x))])
+    got = torch.cat([program.run([x[i:i + 1]])[0] for i in range(len(x))])
+    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    report = verify(compiled.edge, compiled.program, (x[:1],), model, compiled.quantized, layers=True) \
+        if layers else None
+    agree = 100.0 * float((got.argmax(-1) == fake.argmax(-1)).double().mean())
+    row = SchemeAccuracy(scheme, _top1(float_logits, y), _top1(fake, y), _top1(got, y),
+                         Agreement.of(got, float_logits).snr_db, len(cpu), time.perf_counter() - start, report, agree)
+    return row, compiled
 
 
 def output_snr(model: nn.Module, calibration: list[tuple], evaluation: list[tuple], target: str,

@@ -547,6 +547,27 @@ def _cmd_accuracy(args) -> int:
     return 0
 
 
+def _cmd_sweep(args) -> int:
+    """Every weight scheme for a model and a target: accuracy, Vela's figures, the Pareto front, report.html."""
+    from .sweep import pareto, sweep, table
+
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    if args.jobs < 1:
+        raise TosakitError(f"--jobs {args.jobs}: give at least 1", "--jobs 2 compiles two schemes at a time")
+    rows = sweep(args.model_name, args.target, schemes, args.jobs, args.calibration, args.limit)
+    print(f"{args.model_name} on {args.target}:")
+    print(table(rows))
+    if args.intermediates:
+        from .report import write_sweep_html
+
+        folder = Path(args.intermediates)
+        folder.mkdir(parents=True, exist_ok=True)
+        fronts = {cost: pareto(rows, cost) for cost in ("cycles", "weights_encoded_bytes")}
+        write_sweep_html(folder / "report.html", f"{args.model_name}: weight schemes on {args.target}", rows, fronts)
+        print(f"report: {folder / 'report.html'}")
+    return 0
+
+
 def _cmd_models(args) -> int:
     from .zoo import MODELS
 
@@ -669,6 +690,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--limit", type=int, help="evaluate on at most this many held-out samples")
     a.add_argument("-i", "--intermediates", metavar="DIR", help="write report.html (with per-layer SNR) here")
     a.set_defaults(func=_cmd_accuracy)
+    w = sub.add_parser("sweep", help="weight schemes (int8, a16w8, a8w4, 2:4 pruning, clustering) for a model and "
+                                     "an Ethos-U target: accuracy, cycles, flash bytes, the Pareto front")
+    w.add_argument("-m", "--model_name", "--model-name", required=True,
+                   help="a built-in model (digits and waves have held-out data: accuracy; others: SNR against float)")
+    w.add_argument("-t", "--target", default="ethos-u55-128", help="an Ethos-U target")
+    w.add_argument("--schemes", default="int8,a16w8,a8w4,int8+2:4,int8+cluster16,int8+cluster8,a8w4+2:4",
+                   help="comma-separated: a quantization (int8, a16w8, a8w4, ...) and weight transforms after '+' "
+                        "(2:4, cluster4, cluster8, cluster16, cluster32)")
+    w.add_argument("--calibration", type=int, default=64, help="training samples to calibrate on (default 64)")
+    w.add_argument("--limit", type=int, help="held-out samples to evaluate at most")
+    w.add_argument("-j", "--jobs", type=int, default=1, help="schemes compiled at a time, in worker processes")
+    w.add_argument("-i", "--intermediates", help="folder for report.html (table, Pareto plots, per-operation cycles)")
+    w.set_defaults(func=_cmd_sweep)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(func=_cmd_models)
     d = sub.add_parser("demo", help="compile the tutorial's programs and a trained model; verify them on the host")

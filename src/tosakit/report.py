@@ -249,3 +249,48 @@ def write_accuracy_html(path: Path, title: str, rows) -> None:
                      f'<img alt="SNR per layer per scheme" src="data:image/png;base64,{_png(fig)}">')
         plt.close(fig)
     _write_page(path, title, parts)
+
+
+def write_sweep_html(path: Path, title: str, rows, fronts: dict[str, set[str]]) -> None:
+    """The sweep: each scheme's figures, accuracy against cycles and against encoded weight bytes (the Pareto
+    front joined and named; ``fronts``: cost field -> schemes on its front), and each NPU operation's cycles
+    under every scheme, the memory bounding it named where it is not the NPU."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    accuracy = rows[0].accuracy is not None
+    score = "program top-1 %" if accuracy else "program SNR against float (dB)"
+    parts = [f"<h1>{html.escape(title)}</h1>", _table(
+        ["scheme", *(["float %", "fake-quantized %", "program %"] if accuracy else []), "output SNR dB", "cycles",
+         "encoded weights B", "off-chip B", "MAC utilisation %", "CPU ops"],
+        [[r.scheme, *([f"{r.accuracy.float_accuracy:.2f}", f"{r.accuracy.fake_quant_accuracy:.2f}",
+                       f"{r.accuracy.program_accuracy:.2f}"] if accuracy else []), _fmt(r.output_snr_db),
+          f"{r.cycles:,}", f"{r.weights_encoded_bytes:,}", f"{r.offchip_bytes:,}", f"{100 * r.mac_utilisation:.1f}",
+          r.cpu_ops] for r in rows])]
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 3.6))
+    for ax, (cost, label) in zip(axes, (("cycles", "cycles (Vela)"), ("weights_encoded_bytes", "encoded weights (B)"))):
+        front = sorted((r for r in rows if r.scheme in fronts[cost]), key=lambda r: getattr(r, cost))
+        ax.plot([getattr(r, cost) for r in front], [r.score for r in front], color="tab:orange", zorder=1)
+        for r in rows:
+            ax.scatter(getattr(r, cost), r.score, color="tab:orange" if r.scheme in fronts[cost] else "tab:blue",
+                       zorder=2)
+            ax.annotate(r.scheme, (getattr(r, cost), r.score), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel(label)
+        ax.set_ylabel(score)
+        ax.grid(alpha=0.3)
+    parts.append("<h2>Accuracy against cost (the Pareto front in orange)</h2>"
+                 f'<img alt="accuracy against cycles and flash" src="data:image/png;base64,{_png(fig)}">')
+    plt.close(fig)
+    names = list(dict.fromkeys(op.name for r in rows for op in r.per_op))
+    cells = [{op.name: op for op in r.per_op} for r in rows]
+    body = []
+    for name in names:
+        ops = [c.get(name) for c in cells]
+        first = next(op for op in ops if op is not None)
+        body.append([name, first.operator, *("-" if op is None else f"{op.cycles:,}" + (
+            f" ({op.bound_by})" if op.bound_by != "NPU" else "") for op in ops)])
+    parts.append("<h2>Per NPU operation: cycles under each scheme (the memory bounding it, where not the NPU)</h2>"
+                 + _table(["operation", "operator", *(r.scheme for r in rows)], body))
+    _write_page(path, title, parts)

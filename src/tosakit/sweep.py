@@ -1,0 +1,184 @@
+"""The weight-scheme sweep (``tosakit sweep``): for a model and an Ethos-U target, each scheme — a quantization
+(int8, a16w8, a8w4) with weight transforms after a '+' (2:4 pruning, clustering to N levels) — compiled, measured
+by Vela and run on the host. Per scheme: accuracy where the model has held-out data (float, fake-quantized, the
+program), else the program's SNR against float on seeded inputs; encoded weight bytes, off-chip bytes, cycles,
+MAC utilisation; and each NPU operation's cycles and what bounds them. The schemes compile in a process pool;
+``pareto`` marks the schemes no other beats on both accuracy and a cost."""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import torch
+
+from .accuracy import SchemeAccuracy, measure_scheme
+from .errors import TosakitError
+from .quantize.config import SCHEMES
+from .quantize.transforms import cluster_weights, prune_2_4
+from .specs import EthosUCompileSpec, compile_spec_for_target
+
+TRANSFORMS = {"2:4": prune_2_4, **{f"cluster{n}": (lambda n: lambda m: cluster_weights(m, n))(n) for n in (4, 8, 16, 32)}}
+DEFAULT_SCHEMES = ("int8", "a16w8", "a8w4", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")
+EVALUATION_SAMPLES = 4  # seeded inputs a model without held-out data is compared with float on
+
+
+@dataclass(frozen=True)
+class OpFigures:
+    """One NPU operation as Vela estimates it."""
+
+    name: str
+    operator: str
+    cycles: int
+    bound_by: str
+
+
+@dataclass
+class SweepRow:
+    """One scheme's figures."""
+
+    scheme: str
+    accuracy: SchemeAccuracy | None  # None: the model has no held-out data
+    output_snr_db: float  # the program's outputs against float
+    cycles: int
+    weights_encoded_bytes: int
+    offchip_bytes: int
+    mac_utilisation: float
+    cpu_ops: int
+    seconds: float
+    per_op: tuple[OpFigures, ...]
+
+    @property
+    def score(self) -> float:
+        """What the sweep maximises: the program's top-1 %, else its SNR against float (dB)."""
+        return self.accuracy.program_accuracy if self.accuracy is not None else self.output_snr_db
+
+
+def parse_scheme(scheme: str) -> tuple[str, list[str]]:
+    """'int8+2:4' -> ('int8', ['2:4']), each part checked."""
+    config, *transforms = scheme.split("+")
+    if config not in SCHEMES:
+        raise TosakitError(f"scheme {scheme!r}: unknown quantization {config!r}", f"start with one of: {', '.join(SCHEMES)}")
+    unknown = [t for t in transforms if t not in TRANSFORMS]
+    if unknown:
+        raise TosakitError(f"scheme {scheme!r}: unknown weight transform(s) {', '.join(unknown)}",
+                           f"add any of: {', '.join(TRANSFORMS)} (e.g. int8+2:4+cluster16)")
+    return config, transforms
+
+
+def run_scheme(model_name: str, target: str, scheme: str, calibration: int = 64, limit: int | None = None) -> SweepRow:
+    """One scheme, from the model's name (so a worker process rebuilds it): transforms applied, quantized,
+    compiled, measured."""
+    from .zoo import MODELS, load_model
+
+    config, transforms = parse_scheme(scheme)
+    start = time.perf_counter()
+    entry = MODELS.get(model_name)
+    if entry is not None and entry.data is not None:
+        original, _ = entry.factory()
+        model = _transformed(original, transforms)
+        row, compiled = measure_scheme(model, entry.data(), target, scheme, SCHEMES[config](), calibration, limit,
+                                       reference=original)
+        accuracy, snr = row, row.output_snr_db
+    else:
+        _, original, example = load_model(model_name)
+        model = _transformed(original.eval(), transforms)
+        accuracy, (snr, compiled) = None, _snr_on_seeded_inputs(model, original, example, target, SCHEMES[config]())
+    reports = [d.report for d in compiled.edge.delegates if d.report is not None]
+    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    cycles = sum(r.total_cycles for r in reports)
+    macs = sum(r.mac_count for r in reports)
+    per_cycle = max((r.macs_per_cycle for r in reports), default=0)
+    return SweepRow(scheme, accuracy, snr, cycles, sum(r.weights_encoded_bytes for r in reports),
+                    sum(r.offchip_used_bytes for r in reports), macs / (cycles * per_cycle) if cycles and per_cycle else 0.0,
+                    len(cpu), time.perf_counter() - start,
+                    tuple(OpFigures(op.name, op.operator, op.cycles, op.bound_by) for r in reports for op in r.per_op))
+
+
+def _transformed(model, transforms: list[str]):
+    """A copy of ``model`` with the weight ``transforms`` applied (the model itself when there are none)."""
+    if not transforms:
+        return model
+    import copy
+
+    model = copy.deepcopy(model).eval()
+    for t in transforms:
+        TRANSFORMS[t](model)
+    return model
+
+
+def _snr_on_seeded_inputs(model, original, example: tuple, target: str, config):
+    """The program's SNR against the float ``original`` over seeded inputs shaped like ``example`` (calibrated on
+    ``example``)."""
+    from .flow import compile
+    from .runtime import LoadedProgram
+    from .runtime.verify import Agreement
+
+    compiled = compile(model, example, target, quantize=True, config=config, calibration=[example])
+    program = LoadedProgram(compiled.program.buffer, "the program", isolate=False)
+    generator = torch.Generator().manual_seed(0)
+    got, want = [], []
+    for _ in range(EVALUATION_SAMPLES):
+        inputs = tuple(torch.randn(x.shape, generator=generator) if x.is_floating_point() else x for x in example)
+        got.append(program.run(list(inputs))[0].flatten())
+        with torch.no_grad():
+            out = original(*inputs)
+        want.append((out[0] if isinstance(out, (tuple, list)) else out).flatten())
+    return Agreement.of(torch.cat(got), torch.cat(want)).snr_db, compiled
+
+
+def sweep(model_name: str, target: str, schemes: list[str] | tuple[str, ...] = DEFAULT_SCHEMES, jobs: int = 1,
+          calibration: int = 64, limit: int | None = None, progress: bool | None = None) -> list[SweepRow]:
+    """Every scheme's row, in the order given; ``jobs`` > 1 compiles them in that many worker processes."""
+    if not isinstance(compile_spec_for_target(target), EthosUCompileSpec):
+        raise TosakitError(f"sweep measures what Vela makes of each scheme: {target} is not an Ethos-U target",
+                           "give ethos-u55-128, ethos-u85-256, ...")
+    for s in schemes:
+        parse_scheme(s)
+    from tqdm import tqdm
+
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(total=len(schemes), desc="schemes", unit="scheme", disable=not show, leave=False)
+    rows: dict[str, SweepRow] = {}
+    if jobs <= 1:
+        for s in schemes:
+            rows[s] = run_scheme(model_name, target, s, calibration, limit)
+            bar.update()
+    else:
+        import multiprocessing
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(run_scheme, model_name, target, s, calibration, limit): s for s in schemes}
+            for done in as_completed(futures):
+                rows[futures[done]] = done.result()
+                bar.update()
+    bar.close()
+    return [rows[s] for s in schemes]
+
+
+def pareto(rows: list[SweepRow], cost: str) -> set[str]:
+    """The schemes no other scheme beats on both score (higher) and ``cost`` (a SweepRow field, lower)."""
+    def beaten(r: SweepRow) -> bool:
+        return any(o.score >= r.score and getattr(o, cost) <= getattr(r, cost) and
+                   (o.score > r.score or getattr(o, cost) < getattr(r, cost)) for o in rows)
+
+    return {r.scheme for r in rows if not beaten(r)}
+
+
+def table(rows: list[SweepRow]) -> str:
+    """The per-scheme table for the terminal; * marks the Pareto front on cycles, f on flash (encoded weights)."""
+    by_cycles, by_flash = pareto(rows, "cycles"), pareto(rows, "weights_encoded_bytes")
+    accuracy = rows[0].accuracy is not None
+    head = (f"{'scheme':<20}" + (f"{'float %':>9}{'fake-q %':>10}{'program %':>11}" if accuracy else "")
+            + f"{'SNR dB':>8}{'cycles':>13}{'weights B':>12}{'off-chip B':>12}{'MAC %':>7}{'CPU':>5}  front")
+    lines = [head]
+    for r in rows:
+        a = r.accuracy
+        acc = f"{a.float_accuracy:>9.2f}{a.fake_quant_accuracy:>10.2f}{a.program_accuracy:>11.2f}" if a else ""
+        front = ("*" if r.scheme in by_cycles else " ") + ("f" if r.scheme in by_flash else " ")
+        lines.append(f"{r.scheme:<20}{acc}{r.output_snr_db:>8.1f}{r.cycles:>13,}{r.weights_encoded_bytes:>12,}"
+                     f"{r.offchip_bytes:>12,}{100 * r.mac_utilisation:>7.1f}{r.cpu_ops:>5}  {front}")
+    lines.append("front: * no scheme is both more accurate and faster; f ... and smaller in flash")
+    return "\n".join(lines)
