@@ -8,7 +8,8 @@ intermediate artifacts) so bench/run.py measures it with the same Vela run as to
 
     python executorch_side.py JOBS.json RESULTS.json
 JOBS.json: [{"name", "model" (.pt2 from torch.export.save), "inputs" (torch.save'd tuple), "target",
-"memory_mode", "out" (a folder)}]
+"memory_mode", "out" (a folder), optional "config": "int8" (default) or "a8w4" (ExecuTorch's
+get_symmetric_a8w4_quantization_config, post-training: is_qat=False)}]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
 from executorch.backends.arm.quantizer import EthosUQuantizer, get_symmetric_quantization_config
+from executorch.backends.arm.quantizer.arm_quantizer import get_symmetric_a8w4_quantization_config
 from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -39,7 +41,9 @@ def compile_job(job: dict) -> dict:
     spec = EthosUCompileSpec(job["target"], memory_mode=job["memory_mode"])
     spec.dump_intermediate_artifacts_to(str(out))
     quantizer = EthosUQuantizer(spec)
-    quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True))
+    configs = {"int8": lambda: get_symmetric_quantization_config(is_per_channel=True),
+               "a8w4": lambda: get_symmetric_a8w4_quantization_config(is_per_channel=True, is_qat=False)}
+    quantizer.set_global(configs[job.get("config", "int8")]())
     prepared = prepare_pt2e(torch.export.export(module, inputs).module(), quantizer)
     prepared(*inputs)
     quantized = torch.export.export(convert_pt2e(prepared), inputs)
@@ -49,7 +53,7 @@ def compile_job(job: dict) -> dict:
     program = edge.to_executorch(config=ExecutorchBackendConfig(extract_delegate_segments=False))
     (out / f"{job['name']}.pte").write_bytes(program.buffer)
     seconds = time.perf_counter() - start
-    return {"name": job["name"], "target": job["target"], "seconds": seconds,
+    return {"name": job["name"], "target": job["target"], "config": job.get("config", "int8"), "seconds": seconds,
             "tosa": sorted(str(p) for p in out.glob("output_*.tosa")), "cpu_ops": cpu,
             "vela_flags": list(spec.compiler_flags)}
 

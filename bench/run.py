@@ -384,6 +384,45 @@ def llm(args) -> None:
           "apart")
 
 
+WEIGHT_SCHEMES = ("int8", "a8w4", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")
+
+
+def weights(args) -> None:
+    """Weights that fit the NPU: the built-in mv2 per weight scheme (tosakit sweep's figures) on ethos-u55-128
+    (Shared_Sram) and ethos-u85-256, beside ExecuTorch 1.5.1's int8 and a8w4 (its TOSA through the same Vela) in
+    the same run: cycles, encoded weights, off-chip bytes, the ratios, and how many NPU operations run Vela's 2:4
+    sparse weight format; then the sweep's accuracy on the trained digits model (ethos-u55-128)."""
+    import torch
+
+    from tosakit.sweep import run_scheme, sweep, table
+    from tosakit.zoo import load_model
+
+    name, module, inputs = load_model("mv2")
+    path = OUT / "models" / "mv2.pt2"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(torch.export.export(module.eval(), inputs), path)
+    torch.save(inputs, path.with_suffix(".inputs.pt"))
+    jobs = [{"name": f"mv2_{c}", "model": str(path), "inputs": str(path.with_suffix(".inputs.pt")), "target": t,
+             "memory_mode": m, "out": str(OUT / "executorch" / f"mv2_{c}_{t}"), "config": c}
+            for t, m in TARGETS for c in ("int8", "a8w4")]
+    theirs = _executorch(jobs)
+    for target, memory_mode in TARGETS:
+        et = {c: _executorch_figures(theirs[(f"mv2_{c}", target)], memory_mode) for c in ("int8", "a8w4")}
+        print(f"\nmv2, {target} ({memory_mode or 'default memory mode'}); ExecuTorch 1.5.1 int8 {et['int8'].cycles:,} "
+              f"cycles, a8w4 {et['a8w4'].cycles:,} cycles (off-chip {et['int8'].offchip / 2**20:.2f} / "
+              f"{et['a8w4'].offchip / 2**20:.2f} MiB)")
+        print(f"{'scheme':<18}{'cycles':>13}{'/ ET int8':>11}{'/ ET a8w4':>11}{'weights MiB':>13}{'off-chip MiB':>14}"
+              f"{'2:4 ops':>9}")
+        for scheme in WEIGHT_SCHEMES:
+            row = run_scheme("mv2", target, scheme)
+            print(f"{scheme:<18}{row.cycles:>13,}{row.cycles / et['int8'].cycles:>11.3f}"
+                  f"{row.cycles / et['a8w4'].cycles:>11.3f}{row.weights_encoded_bytes / 2**20:>13.2f}"
+                  f"{row.offchip_bytes / 2**20:>14.2f}{row.sparse_ops:>9}", flush=True)
+    print("\ndigits on ethos-u55-128 (450 held-out samples, 64 calibration samples, post-training):")
+    print(table(sweep("digits", "ethos-u55-128", ("int8", "a16w8", "a8w4", "int8+cluster16", "int8+cluster8",
+                                                    "int8+2:4"), progress=False)))
+
+
 def _state_bytes(plan) -> int:
     """Bytes of the state a method writes back (``aten::copy_`` destinations)."""
     from tosakit.runtime.inspect import state_values
@@ -412,7 +451,7 @@ def hostile(args) -> None:
 
 
 BENCHES = {"host-runtime": host_runtime, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo,
-           "llm": llm}
+           "llm": llm, "weights": weights}
 
 
 def main(argv=None) -> int:

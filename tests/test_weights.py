@@ -221,3 +221,11 @@ def test_sweep_refuses_unknown_schemes(scheme, message, capsys):
 
     assert main(["sweep", "-m", "digits", "--schemes", scheme]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sweep_counts_the_operations_in_velas_sparse_format_u85():
+    from tosakit.sweep import run_scheme
+
+    dense, sparse = (run_scheme("mv2", "ethos-u85-256", s) for s in ("int8", "int8+2:4"))
+    assert dense.sparse_ops == 0 < sparse.sparse_ops
+    assert sparse.cycles <= 0.85 * dense.cycles, (sparse.cycles, dense.cycles)

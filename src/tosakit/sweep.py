@@ -49,6 +49,7 @@ class SweepRow:
     cpu_ops: int
     seconds: float
     per_op: tuple[OpFigures, ...]
+    sparse_ops: int = 0  # NPU operations whose weights Vela stores in its 2:4 sparse format (Ethos-U85)
 
     @property
     def score(self) -> float:
@@ -94,7 +95,19 @@ def run_scheme(model_name: str, target: str, scheme: str, calibration: int = 64,
     return SweepRow(scheme, accuracy, snr, cycles, sum(r.weights_encoded_bytes for r in reports),
                     sum(r.offchip_used_bytes for r in reports), macs / (cycles * per_cycle) if cycles and per_cycle else 0.0,
                     len(cpu), time.perf_counter() - start,
-                    tuple(OpFigures(op.name, op.operator, op.cycles, op.bound_by) for r in reports for op in r.per_op))
+                    tuple(OpFigures(op.name, op.operator, op.cycles, op.bound_by) for r in reports for op in r.per_op),
+                    _sparse_ops(compiled))
+
+
+def _sparse_ops(compiled) -> int:
+    """How many NPU operations of the program's Ethos-U command streams read 2:4 sparse weights."""
+    from .backends.ethosu.payload import parse_payload
+    from .program import LoweredBackendModule
+    from .runtime.ethosu.commands import decode, disassemble
+
+    streams = [parse_payload(m.processed_bytes).cmd_data for m in compiled.edge.program.graph_module.children()
+               if isinstance(m, LoweredBackendModule) and m.backend_id == "EthosUBackend"]
+    return sum("WEIGHT_SPARSITY_SPARSE_2_4" in line for s in streams for line in disassemble(decode(s)))
 
 
 def _transformed(model, transforms: list[str]):
