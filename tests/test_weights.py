@@ -229,3 +229,20 @@ def test_sweep_counts_the_operations_in_velas_sparse_format_u85():
     dense, sparse = (run_scheme("mv2", "ethos-u85-256", s) for s in ("int8", "int8+2:4"))
     assert dense.sparse_ops == 0 < sparse.sparse_ops
     assert sparse.cycles <= 0.85 * dense.cycles, (sparse.cycles, dense.cycles)
+
+
+def test_layer_choice_keeps_the_most_sensitive_layers_in_int8_within_the_budget(capsys):
+    """a8w4 on digits with a 1-point budget: each layer's sensitivity measured alone, the most sensitive kept in
+    int8 first, and the mix's program within the budget of float; the CLI prints the choice and the row."""
+    from tosakit.cli import main
+    from tosakit.sweep import choose_layers
+
+    choice = choose_layers("digits", "ethos-u55-128", "a8w4", budget=1.0, limit=100)
+    assert set(choice.sensitivity) == {"features.0", "features.3", "classifier"}
+    assert list(choice.kept) == sorted(choice.kept, key=lambda n: -choice.sensitivity[n])[:len(choice.kept)]
+    assert choice.kept and choice.row.accuracy.loss <= 1.0
+    everywhere = max(choice.sensitivity.values())
+    assert everywhere > 1.0  # a8w4 somewhere costs more than the budget: the choice had work to do
+    assert main(["sweep", "-m", "digits", "--schemes", "int8", "--limit", "100", "--choose", "a8w4"]) == 0
+    out = capsys.readouterr().out
+    assert "kept in int8 for a 1-point budget:" in out and f"a8w4~{len(choice.kept)}int8" in out

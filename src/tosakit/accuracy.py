@@ -66,9 +66,11 @@ def measure(model: nn.Module, data: Split, target: str, schemes: list[str], cali
 
 
 def measure_scheme(model: nn.Module, data: Split, target: str, scheme: str, config, calibration: int | list[tuple] = 64,
-                   limit: int | None = None, layers: bool = False, reference: nn.Module | None = None):
-    """``measure`` for one scheme named ``scheme``, quantized with ``config``; its row and the compiled program.
-    ``reference``: the float model to measure against (the model before weight transforms; default ``model``)."""
+                   limit: int | None = None, layers: bool = False, reference: nn.Module | None = None,
+                   module_configs: dict | None = None):
+    """``measure`` for one scheme named ``scheme``, quantized with ``config`` (``module_configs`` for the modules
+    they name); its row and the compiled program. ``reference``: the float model to measure against (the model
+    before weight transforms; default ``model``)."""
     model = model.eval()
     x, y = data.test_x[:limit], data.test_y[:limit]
     samples = data.calibration(calibration) if isinstance(calibration, int) else list(calibration)
@@ -77,7 +79,8 @@ def measure_scheme(model: nn.Module, data: Split, target: str, scheme: str, conf
         float_logits = torch.cat([twin(x[i:i + 1].double()) for i in range(len(x))]).float()
     start = time.perf_counter()
     spec = compile_spec_for_target(target).with_debug_info()
-    compiled = compile(model, (x[:1],), spec, quantize=True, config=config, calibration=samples)
+    compiled = compile(model, (x[:1],), spec, quantize=True, config=config, calibration=samples,
+                       module_configs=module_configs)
     program = LoadedProgram(compiled.program.buffer, f"{scheme} program", isolate=False)
     fake = torch.cat([evaluate_exact(compiled.quantized, x[i:i + 1])[0] for i in range(len(x))])
     got = torch.cat([program.run([x[i:i + 1]])[0] for i in range(len(x))])

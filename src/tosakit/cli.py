@@ -555,6 +555,16 @@ def _cmd_sweep(args) -> int:
     if args.jobs < 1:
         raise TosakitError(f"--jobs {args.jobs}: give at least 1", "--jobs 2 compiles two schemes at a time")
     rows = sweep(args.model_name, args.target, schemes, args.jobs, args.calibration, args.limit)
+    if args.choose:
+        from dataclasses import replace
+
+        from .sweep import choose_layers
+
+        choice = choose_layers(args.model_name, args.target, args.choose, args.budget, args.calibration, args.limit)
+        print(f"{args.choose}, each layer alone (top-1 points lost, fake-quantized): "
+              + ", ".join(f"{n} {v:.2f}" for n, v in sorted(choice.sensitivity.items(), key=lambda kv: -kv[1])))
+        print(f"kept in int8 for a {args.budget:g}-point budget: {', '.join(choice.kept) or 'none'}")
+        rows.append(replace(choice.row, scheme=f"{args.choose}~{len(choice.kept)}int8"))
     print(f"{args.model_name} on {args.target}:")
     print(table(rows))
     if args.intermediates:
@@ -701,6 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--calibration", type=int, default=64, help="training samples to calibrate on (default 64)")
     w.add_argument("--limit", type=int, help="held-out samples to evaluate at most")
     w.add_argument("-j", "--jobs", type=int, default=1, help="schemes compiled at a time, in worker processes")
+    w.add_argument("--choose", metavar="SCHEME", help="also apply SCHEME layer by layer: keep in int8 the layers it "
+                   "hurts most until the loss fits --budget (a model with held-out data); its row is SCHEME~Nint8")
+    w.add_argument("--budget", type=float, default=1.0, help="top-1 points --choose may lose against float (1.0)")
     w.add_argument("-i", "--intermediates", help="folder for report.html (table, Pareto plots, per-operation cycles)")
     w.set_defaults(func=_cmd_sweep)
     m = sub.add_parser("models", help="list the built-in models")

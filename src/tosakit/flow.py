@@ -44,12 +44,16 @@ class Compiled:
 
 def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompileSpec,
                    config: QuantizationConfig | None = None,
-                   calibration: Iterable[tuple] | None = None) -> GraphModule:
-    """PT2E post-training quantization for ``spec``; calibrates on ``calibration`` or the example inputs."""
+                   calibration: Iterable[tuple] | None = None,
+                   module_configs: dict[str, QuantizationConfig] | None = None) -> GraphModule:
+    """PT2E post-training quantization for ``spec``; calibrates on ``calibration`` or the example inputs.
+    ``module_configs``: another config for the modules so named (and their children)."""
     if not spec.tosa_spec.support_integer():
         raise TosakitError(f"cannot quantize for {spec.target_name}: it has no integer TOSA profile",
                            "choose TOSA-1.0+INT, vgf or an Ethos-U target, or do not quantize")
     quantizer = quantizer_for(spec).set_global(config or get_symmetric_quantization_config(is_per_channel=True))
+    for name, module_config in (module_configs or {}).items():
+        quantizer.set_module_name(name, module_config)
     gm = own_state(export(model, example_inputs).module())
     with torch.no_grad():
         return quantizer.quantize_with_submodules(gm, list(calibration) if calibration else [example_inputs])
@@ -57,7 +61,8 @@ def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompi
 
 def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmCompileSpec, *, quantize: bool = False,
             delegate: bool = True, config: QuantizationConfig | None = None,
-            calibration: Iterable[tuple] | None = None, additional_checks=None) -> Compiled:
+            calibration: Iterable[tuple] | None = None, additional_checks=None,
+            module_configs: dict[str, QuantizationConfig] | None = None) -> Compiled:
     """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program. ``model``
     may be exported already (an ``ExportedProgram``, e.g. of a quantized graph compiled for several targets):
     it is then lowered as it is."""
@@ -70,7 +75,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
     else:
         if not isinstance(model, GraphModule):  # exported modules refuse .eval(); they are already traced
             model = model.eval()
-        quantized = quantize_model(model, example_inputs, spec, config, calibration) if quantize else None
+        quantized = quantize_model(model, example_inputs, spec, config, calibration, module_configs) if quantize \
+            else None
         ep = export(quantized if quantized is not None else model, example_inputs)
     partitioners = [partitioner_for(spec, additional_checks)] if delegate else []
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners)

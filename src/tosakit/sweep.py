@@ -17,10 +17,13 @@ import torch
 from .accuracy import SchemeAccuracy, measure_scheme
 from .errors import TosakitError
 from .quantize.config import SCHEMES
-from .quantize.transforms import cluster_weights, prune_2_4
+from .quantize.transforms import LAYERS, cluster_weights, prune_2_4
 from .specs import EthosUCompileSpec, compile_spec_for_target
 
-TRANSFORMS = {"2:4": prune_2_4, **{f"cluster{n}": (lambda n: lambda m: cluster_weights(m, n))(n) for n in (4, 8, 16, 32)}}
+# transform name -> (model, selected layers or None for all) -> model
+TRANSFORMS = {"2:4": lambda m, modules: prune_2_4(m, modules),
+              **{f"cluster{n}": (lambda n: lambda m, modules: cluster_weights(m, n, modules=modules))(n)
+                 for n in (4, 8, 16, 32)}}
 DEFAULT_SCHEMES = ("int8", "a16w8", "a8w4", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")
 EVALUATION_SAMPLES = 4  # seeded inputs a model without held-out data is compared with float on
 
@@ -69,24 +72,27 @@ def parse_scheme(scheme: str) -> tuple[str, list[str]]:
     return config, transforms
 
 
-def run_scheme(model_name: str, target: str, scheme: str, calibration: int = 64, limit: int | None = None) -> SweepRow:
+def run_scheme(model_name: str, target: str, scheme: str, calibration: int = 64, limit: int | None = None,
+               kept: tuple[str, ...] = ()) -> SweepRow:
     """One scheme, from the model's name (so a worker process rebuilds it): transforms applied, quantized,
-    compiled, measured."""
+    compiled, measured; the layers named in ``kept`` stay plain int8."""
     from .zoo import MODELS, load_model
 
     config, transforms = parse_scheme(scheme)
     start = time.perf_counter()
     entry = MODELS.get(model_name)
+    int8 = _kept_int8(config, kept)
     if entry is not None and entry.data is not None:
         original, _ = entry.factory()
-        model = _transformed(original, transforms)
+        model = _transformed(original, transforms, kept)
         row, compiled = measure_scheme(model, entry.data(), target, scheme, SCHEMES[config](), calibration, limit,
-                                       reference=original)
+                                       reference=original, module_configs=int8)
         accuracy, snr = row, row.output_snr_db
     else:
         _, original, example = load_model(model_name)
-        model = _transformed(original.eval(), transforms)
-        accuracy, (snr, compiled) = None, _snr_on_seeded_inputs(model, original, example, target, SCHEMES[config]())
+        model = _transformed(original.eval(), transforms, kept)
+        accuracy, (snr, compiled) = None, _snr_on_seeded_inputs(model, original, example, target, SCHEMES[config](),
+                                                                int8)
     reports = [d.report for d in compiled.edge.delegates if d.report is not None]
     cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
     cycles = sum(r.total_cycles for r in reports)
@@ -110,26 +116,39 @@ def _sparse_ops(compiled) -> int:
     return sum("WEIGHT_SPARSITY_SPARSE_2_4" in line for s in streams for line in disassemble(decode(s)))
 
 
-def _transformed(model, transforms: list[str]):
-    """A copy of ``model`` with the weight ``transforms`` applied (the model itself when there are none)."""
-    if not transforms:
+def _kept_int8(config: str, kept) -> dict:
+    """The quantizer's per-module configs that keep the layers ``kept`` plain int8."""
+    return {name: SCHEMES["int8"]() for name in kept} if config != "int8" else {}
+
+
+def _layers(model) -> list[str]:
+    """The names of the convolution and linear layers the transforms and layer choice act on."""
+    return [name for name, m in model.named_modules() if isinstance(m, LAYERS)]
+
+
+def _transformed(model, transforms: list[str], kept=()):
+    """A copy of ``model`` with the weight ``transforms`` applied to every layer but those ``kept`` (the model
+    itself when there is nothing to do)."""
+    chosen = [name for name in _layers(model) if name not in kept]
+    if not transforms or not chosen:
         return model
     import copy
 
     model = copy.deepcopy(model).eval()
     for t in transforms:
-        TRANSFORMS[t](model)
+        TRANSFORMS[t](model, chosen if kept else None)
     return model
 
 
-def _snr_on_seeded_inputs(model, original, example: tuple, target: str, config):
+def _snr_on_seeded_inputs(model, original, example: tuple, target: str, config, module_configs: dict):
     """The program's SNR against the float ``original`` over seeded inputs shaped like ``example`` (calibrated on
     ``example``)."""
     from .flow import compile
     from .runtime import LoadedProgram
     from .runtime.verify import Agreement
 
-    compiled = compile(model, example, target, quantize=True, config=config, calibration=[example])
+    compiled = compile(model, example, target, quantize=True, config=config, calibration=[example],
+                       module_configs=module_configs)
     program = LoadedProgram(compiled.program.buffer, "the program", isolate=False)
     generator = torch.Generator().manual_seed(0)
     got, want = [], []
@@ -195,3 +214,66 @@ def table(rows: list[SweepRow]) -> str:
                      f"{r.offchip_bytes:>12,}{100 * r.mac_utilisation:>7.1f}{r.cpu_ops:>5}  {front}")
     lines.append("front: * no scheme is both more accurate and faster; f ... and smaller in flash")
     return "\n".join(lines)
+
+
+@dataclass
+class LayerChoice:
+    """A scheme applied where it costs least: the layers kept in plain int8 for an accuracy budget."""
+
+    scheme: str
+    budget: float  # top-1 points the program may lose against float
+    sensitivity: dict[str, float]  # each layer: points lost with the scheme on that layer alone (fake-quantized)
+    kept: tuple[str, ...]  # kept in int8, most sensitive first
+    row: SweepRow  # the mixed scheme, compiled and measured
+
+
+def choose_layers(model_name: str, target: str, scheme: str, budget: float = 1.0, calibration: int = 64,
+                  limit: int | None = None) -> LayerChoice:
+    """Keep in int8 the layers where ``scheme`` hurts accuracy most, one at a time, until the fake-quantized model
+    (evaluated exactly) loses at most ``budget`` top-1 points against float; then compile and measure that mix.
+    A layer's sensitivity is the accuracy lost with the scheme on it alone."""
+    from .zoo import MODELS
+
+    entry = MODELS.get(model_name)
+    if entry is None or entry.data is None:
+        with_data = [m.name for m in MODELS.values() if m.data is not None]
+        raise TosakitError(f"choosing layers for an accuracy budget needs held-out data; {model_name!r} has none",
+                           f"give a model with data: {', '.join(with_data)}")
+    config, transforms = parse_scheme(scheme)
+    original, _ = entry.factory()
+    data = entry.data()
+    layers = _layers(original)
+    float_accuracy = _top1(original, data, limit)
+
+    def loss(kept) -> float:
+        model = _transformed(original, transforms, kept)
+        return float_accuracy - _fake_quant_top1(model, data, target, config, kept, calibration, limit)
+
+    sensitivity = {name: loss(tuple(n for n in layers if n != name)) for name in layers}
+    kept: tuple[str, ...] = ()
+    for name in sorted(layers, key=lambda n: -sensitivity[n]):
+        if loss(kept) <= budget:
+            break
+        kept += (name,)
+    return LayerChoice(scheme, budget, sensitivity, kept, run_scheme(model_name, target, scheme, calibration, limit,
+                                                                      kept))
+
+
+def _top1(model, data, limit) -> float:
+    x, y = data.test_x[:limit], data.test_y[:limit]
+    import copy
+
+    twin = copy.deepcopy(model).eval().double()
+    with torch.no_grad():
+        return 100.0 * float((twin(x.double()).argmax(-1) == y).double().mean())
+
+
+def _fake_quant_top1(model, data, target, config: str, kept, calibration: int, limit) -> float:
+    from .flow import quantize_model
+    from .runtime import evaluate_exact
+
+    x, y = data.test_x[:limit], data.test_y[:limit]
+    quantized = quantize_model(model, (x[:1],), compile_spec_for_target(target), SCHEMES[config](),
+                               data.calibration(calibration), _kept_int8(config, kept))
+    logits = torch.cat([evaluate_exact(quantized, x[i:i + 1])[0] for i in range(len(x))])
+    return 100.0 * float((logits.argmax(-1) == y).double().mean())
