@@ -12,6 +12,7 @@ from torch import nn
 
 from conftest import assert_u85_bit_exact, ethosu_delegates
 from op_cases import Fn, seed_inputs
+from test_ops_layers import TokenEmbedding
 
 pytestmark = pytest.mark.numerics
 
@@ -25,15 +26,6 @@ def _config():
 def _rotate_half(x):
     """Llama's rotary helper."""
     return torch.cat((-x[..., 4:], x[..., :4]), dim=-1)
-
-
-class TokenEmbedding(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(32, 16)
-
-    def forward(self, tokens):
-        return self.emb(tokens)
 
 
 KEYS = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)  # cache positions against query positions: a causal
