@@ -246,3 +246,27 @@ def test_layer_choice_keeps_the_most_sensitive_layers_in_int8_within_the_budget(
     assert main(["sweep", "-m", "digits", "--schemes", "int8", "--limit", "100", "--choose", "a8w4"]) == 0
     out = capsys.readouterr().out
     assert "kept in int8 for a 1-point budget:" in out and f"a8w4~{len(choice.kept)}int8" in out
+
+
+def test_a8w4_quantization_aware_training_lowers_int4_u85():
+    """QAT, ExecuTorch's default for a8w4: prepare_qat_pt2e with the quantizer, a few training steps, convert_pt2e;
+    the trained graph lowers whole with INT4 weights and its program equals the fake-quantized model exactly."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
+
+    from tosakit import EthosUCompileSpec, EthosUQuantizer
+
+    model, (x,) = _convs()
+    labels = torch.arange(10)[: x.shape[0]]
+    spec = EthosUCompileSpec("ethos-u85-256")
+    quantizer = EthosUQuantizer(spec).set_global(get_symmetric_a8w4_quantization_config())
+    prepared = prepare_qat_pt2e(torch.export.export(model.train(), (x,)).module(), quantizer)
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=0.01)
+    for _ in range(3):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(prepared(x), labels).backward()
+        optimizer.step()
+    quantized = convert_pt2e(prepared)
+    compiled = compile(torch.export.export(quantized, (x,)), (x,), spec)
+    [(tosa, _)] = ethosu_delegates(compiled)
+    assert {w for w, _, _ in _weights(tosa)} == {"INT4"} and compiled.edge.delegates[0].report.cpu_ops == 0
+    assert torch.equal(run_edge(compiled.edge, x)[0], evaluate_exact(quantized, x)[0])
