@@ -243,6 +243,11 @@ def test_layer_choice_keeps_the_most_sensitive_layers_in_int8_within_the_budget(
     assert choice.kept and choice.row.accuracy.loss <= 1.0
     everywhere = max(choice.sensitivity.values())
     assert everywhere > 1.0  # a8w4 somewhere costs more than the budget: the choice had work to do
+    from tosakit.zoo import MODELS
+
+    own = choose_layers(MODELS["digits"].factory()[0], "ethos-u55-128", "a8w4", limit=100,
+                        data=MODELS["digits"].data())  # a module of one's own and its data: the same choice
+    assert own.kept == choice.kept and own.row.cycles == choice.row.cycles
     assert main(["sweep", "-m", "digits", "--schemes", "int8", "--limit", "100", "--choose", "a8w4"]) == 0
     out = capsys.readouterr().out
     assert "kept in int8 for a 1-point budget:" in out and f"a8w4~{len(choice.kept)}int8" in out

@@ -78,21 +78,31 @@ def run_scheme(model_name: str, target: str, scheme: str, calibration: int = 64,
     compiled, measured; the layers named in ``kept`` stay plain int8."""
     from .zoo import MODELS, load_model
 
+    entry = MODELS.get(model_name)
+    if entry is not None and entry.data is not None:
+        return measure_model(entry.factory()[0], entry.data(), target, scheme, calibration, limit, kept)
     config, transforms = parse_scheme(scheme)
     start = time.perf_counter()
-    entry = MODELS.get(model_name)
-    int8 = _kept_int8(config, kept)
-    if entry is not None and entry.data is not None:
-        original, _ = entry.factory()
-        model = _transformed(original, transforms, kept)
-        row, compiled = measure_scheme(model, entry.data(), target, scheme, SCHEMES[config](), calibration, limit,
-                                       reference=original, module_configs=int8)
-        accuracy, snr = row, row.output_snr_db
-    else:
-        _, original, example = load_model(model_name)
-        model = _transformed(original.eval(), transforms, kept)
-        accuracy, (snr, compiled) = None, _snr_on_seeded_inputs(model, original, example, target, SCHEMES[config](),
-                                                                int8)
+    _, original, example = load_model(model_name)
+    model = _transformed(original.eval(), transforms, kept)
+    snr, compiled = _snr_on_seeded_inputs(model, original, example, target, SCHEMES[config](), _kept_int8(config, kept))
+    return _row(scheme, None, snr, compiled, start)
+
+
+def measure_model(model, data, target: str, scheme: str, calibration: int = 64, limit: int | None = None,
+                  kept: tuple[str, ...] = ()) -> SweepRow:
+    """One scheme on a model of your own with its held-out ``data`` (a ``zoo.trained.Split``): ``model`` untouched,
+    a copy transformed, quantized, compiled and measured; the layers named in ``kept`` stay plain int8."""
+    config, transforms = parse_scheme(scheme)
+    start = time.perf_counter()
+    variant = _transformed(model.eval(), transforms, kept)
+    row, compiled = measure_scheme(variant, data, target, scheme, SCHEMES[config](), calibration, limit,
+                                   reference=model, module_configs=_kept_int8(config, kept))
+    return _row(scheme, row, row.output_snr_db, compiled, start)
+
+
+def _row(scheme: str, accuracy: SchemeAccuracy | None, snr: float, compiled, start: float) -> SweepRow:
+    """The sweep's figures of one compiled scheme."""
     reports = [d.report for d in compiled.edge.delegates if d.report is not None]
     cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
     cycles = sum(r.total_cycles for r in reports)
@@ -227,27 +237,32 @@ class LayerChoice:
     row: SweepRow  # the mixed scheme, compiled and measured
 
 
-def choose_layers(model_name: str, target: str, scheme: str, budget: float = 1.0, calibration: int = 64,
-                  limit: int | None = None) -> LayerChoice:
+def choose_layers(model: str | torch.nn.Module, target: str, scheme: str, budget: float = 1.0, calibration: int = 64,
+                  limit: int | None = None, data=None) -> LayerChoice:
     """Keep in int8 the layers where ``scheme`` hurts accuracy most, one at a time, until the fake-quantized model
     (evaluated exactly) loses at most ``budget`` top-1 points against float; then compile and measure that mix.
-    A layer's sensitivity is the accuracy lost with the scheme on it alone."""
+    A layer's sensitivity is the accuracy lost with the scheme on it alone. ``model``: a built-in model's name
+    (one with held-out data), or a module of your own with its held-out ``data`` (a ``zoo.trained.Split``)."""
     from .zoo import MODELS
 
-    entry = MODELS.get(model_name)
-    if entry is None or entry.data is None:
-        with_data = [m.name for m in MODELS.values() if m.data is not None]
-        raise TosakitError(f"choosing layers for an accuracy budget needs held-out data; {model_name!r} has none",
-                           f"give a model with data: {', '.join(with_data)}")
+    if isinstance(model, str):
+        entry = MODELS.get(model)
+        if entry is None or entry.data is None:
+            with_data = [m.name for m in MODELS.values() if m.data is not None]
+            raise TosakitError(f"choosing layers for an accuracy budget needs held-out data; {model!r} has none",
+                               f"give a model with data ({', '.join(with_data)}), or a module and its data")
+        model, data = entry.factory()[0], entry.data()
+    elif data is None:
+        raise TosakitError("choose_layers(module, ...) needs the module's held-out data",
+                           "pass data=Split(train_x, train_y, test_x, test_y) (tosakit.zoo.trained.Split)")
     config, transforms = parse_scheme(scheme)
-    original, _ = entry.factory()
-    data = entry.data()
+    original = model.eval()
     layers = _layers(original)
     float_accuracy = _top1(original, data, limit)
 
     def loss(kept) -> float:
-        model = _transformed(original, transforms, kept)
-        return float_accuracy - _fake_quant_top1(model, data, target, config, kept, calibration, limit)
+        variant = _transformed(original, transforms, kept)
+        return float_accuracy - _fake_quant_top1(variant, data, target, config, kept, calibration, limit)
 
     sensitivity = {name: loss(tuple(n for n in layers if n != name)) for name in layers}
     kept: tuple[str, ...] = ()
@@ -255,8 +270,8 @@ def choose_layers(model_name: str, target: str, scheme: str, budget: float = 1.0
         if loss(kept) <= budget:
             break
         kept += (name,)
-    return LayerChoice(scheme, budget, sensitivity, kept, run_scheme(model_name, target, scheme, calibration, limit,
-                                                                      kept))
+    return LayerChoice(scheme, budget, sensitivity, kept,
+                       measure_model(original, data, target, scheme, calibration, limit, kept))
 
 
 def _top1(model, data, limit) -> float:
