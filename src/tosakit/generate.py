@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from .capture import export, graph_attr, own_state, written_attrs
+from .capture import export, graph_attr, own_state, set_graph_attr, written_attrs
 from .errors import TosakitError, write_atomic
 from .flow import Compiled, compile, quantizer_for
 from .program.emit import program_from_methods
@@ -103,17 +103,13 @@ def share_state(*models: torch.nn.Module) -> None:
     first = models[0]
     for name in written_attrs(first.graph):
         for other in models[1:]:
-            owner, _, leaf = name.rpartition(".")
-            setattr(other.get_submodule(owner) if owner else other, leaf, graph_attr(first, _attr_node(first, name)))
-
-
-def _attr_node(gm, name: str):
-    return next(n for n in gm.graph.nodes if n.op == "get_attr" and n.target == name)
+            set_graph_attr(other, name, graph_attr(first, name))
 
 
 def _state_observers(gm, name: str) -> list:
     """The observers reading state ``name`` where the graph reads it."""
-    return [gm.get_submodule(u.target) for u in _attr_node(gm, name).users if u.op == "call_module"]
+    return [gm.get_submodule(u.target) for n in gm.graph.nodes if n.op == "get_attr" and n.target == name
+            for u in n.users if u.op == "call_module"]
 
 
 def _first_inputs(calls: list[tuple[str, tuple]]) -> dict[str, tuple]:
@@ -138,8 +134,7 @@ def _quantize_sharing_state(model: Decoder, calls: list[tuple[str, tuple]], spec
                     for which, inputs in first.items()}
         share_state(*prepared.values())
         graphs = list(prepared.values())
-        initial = {name: graph_attr(graphs[0], _attr_node(graphs[0], name)).clone()
-                   for name in written_attrs(graphs[0].graph)}
+        initial = {name: graph_attr(graphs[0], name).clone() for name in written_attrs(graphs[0].graph)}
         for which, inputs in calls:
             prepared[which](*inputs)
         for name, value in initial.items():
@@ -150,7 +145,7 @@ def _quantize_sharing_state(model: Decoder, calls: list[tuple[str, tuple]], spec
                 for o in observers:
                     o.min_val.copy_(low)
                     o.max_val.copy_(high)
-            graph_attr(graphs[0], _attr_node(graphs[0], name)).copy_(value)  # calibration ran; the cache starts over
+            graph_attr(graphs[0], name).copy_(value)  # calibration ran; the cache starts over
         return {which: convert_pt2e(p) for which, p in prepared.items()}
 
 

@@ -75,12 +75,6 @@ def with_state(graph: torch.fx.Graph, inputs) -> tuple:
                  for n in graph.nodes if n.op == "placeholder")
 
 
-def user_outputs(graph: torch.fx.Graph) -> list:
-    """The model's own outputs (the graph's, less its state writes)."""
-    out = next(n for n in reversed(graph.nodes) if n.op == "output")
-    return list(out.args[0][:len(out.args[0]) - len(out.meta.get(WRITES, []))])
-
-
 @dataclass
 class CapturedProgram:
     """A core-ATen graph with its constants inlined as attributes, plus pytree I/O specs."""
@@ -121,12 +115,18 @@ def source_of(node: torch.fx.Node) -> str | None:
     return None
 
 
-def graph_attr(gm: GraphModule, node: torch.fx.Node):
-    """The value a ``get_attr`` node names."""
+def graph_attr(gm: GraphModule, node: torch.fx.Node | str):
+    """The value a ``get_attr`` node (or its dotted target) names."""
     value = gm
-    for part in node.target.split("."):
+    for part in (node if isinstance(node, str) else node.target).split("."):
         value = getattr(value, part)
     return value
+
+
+def set_graph_attr(gm: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    """Make the dotted attribute ``name`` (a buffer's place) ``value``."""
+    owner, _, leaf = name.rpartition(".")
+    setattr(gm.get_submodule(owner) if owner else gm, leaf, value)
 
 
 def written_attrs(graph: torch.fx.Graph) -> set[str]:
@@ -141,9 +141,7 @@ def own_state(gm: GraphModule) -> GraphModule:
     """``gm`` with copies of the state buffers it writes (``ep.module()`` shares them with the exported model):
     running it leaves the user's model as it was."""
     for name in written_attrs(gm.graph):
-        owner, _, leaf = name.rpartition(".")
-        module = gm.get_submodule(owner) if owner else gm
-        setattr(module, leaf, getattr(module, leaf).clone())
+        set_graph_attr(gm, name, graph_attr(gm, name).clone())
     return gm
 
 

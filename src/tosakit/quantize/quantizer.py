@@ -962,16 +962,14 @@ def calibrate(prepared: GraphModule, samples: Iterable, progress: bool | None = 
     total = len(samples) if hasattr(samples, "__len__") else None
     show = sys.stderr.isatty() if progress is None else progress
     seen = 0
-    state = {name: _param(prepared, n).clone() for n in prepared.graph.nodes if n.op == "get_attr"
-             for name in [n.target] if name in written_attrs(prepared.graph)}
+    state = {name: _param(prepared, name).clone() for name in written_attrs(prepared.graph)}
     with torch.no_grad():
         for sample in tqdm(samples, desc="calibrating", total=total, disable=not show, unit="sample", leave=False):
             inputs = tuple(sample) if isinstance(sample, (tuple, list)) else (sample,)
             prepared(*inputs[:arity])
             seen += 1
         for name, initial in state.items():  # the samples ran in sequence, updating the state; it starts over
-            _param(prepared, next(n for n in prepared.graph.nodes if n.op == "get_attr" and n.target == name)) \
-                .copy_(initial)
+            _param(prepared, name).copy_(initial)
     if seen == 0:
         raise TosakitError("calibration got no samples", "pass a non-empty list of input tuples or a DataLoader")
     return seen
