@@ -19,7 +19,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[test,models]'
+	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[test,models,cluster]'
 	@touch $@
 
 oracle: $(ORACLE_STAMP)

@@ -384,7 +384,7 @@ def llm(args) -> None:
           "apart")
 
 
-WEIGHT_SCHEMES = ("int8", "a8w4", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")
+WEIGHT_SCHEMES = ("int8", "a8w4", "a8w4@pointwise", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")
 
 
 def weights(args) -> None:
@@ -406,6 +406,7 @@ def weights(args) -> None:
              "memory_mode": m, "out": str(OUT / "executorch" / f"mv2_{c}_{t}"), "config": c}
             for t, m in TARGETS for c in ("int8", "a8w4")]
     theirs = _executorch(jobs)
+    ratios = {}  # scheme -> its ethos-u55-128 cycles / ExecuTorch's int8
     for target, memory_mode in TARGETS:
         et = {c: _executorch_figures(theirs[(f"mv2_{c}", target)], memory_mode) for c in ("int8", "a8w4")}
         print(f"\nmv2, {target} ({memory_mode or 'default memory mode'}); ExecuTorch 1.5.1 int8 {et['int8'].cycles:,} "
@@ -415,10 +416,15 @@ def weights(args) -> None:
               f"{'2:4 ops':>9}")
         for scheme in WEIGHT_SCHEMES:
             row = run_scheme("mv2", target, scheme)
+            if target == "ethos-u55-128":
+                ratios[scheme] = row.cycles / et["int8"].cycles
             print(f"{scheme:<18}{row.cycles:>13,}{row.cycles / et['int8'].cycles:>11.3f}"
                   f"{row.cycles / et['a8w4'].cycles:>11.3f}{row.weights_encoded_bytes / 2**20:>13.2f}"
                   f"{row.offchip_bytes / 2**20:>14.2f}{row.sparse_ops:>9}", flush=True)
-    _trained_mv2_accuracy()
+    losses = _trained_mv2_accuracy()
+    fit = [s for s in WEIGHT_SCHEMES if losses[s] <= 1.0 and ratios[s] <= 0.80]
+    print("\nschemes within 1.0 point of float on the trained MobileNetV2 at or below 0.80x ExecuTorch's int8 cycles "
+          "on ethos-u55-128: " + (", ".join(f"{s} ({losses[s]:.2f} points, {ratios[s]:.3f}x)" for s in fit) or "none"))
     print("\ndigits on ethos-u55-128 (450 held-out samples, 64 calibration samples, post-training):")
     print(table(sweep("digits", "ethos-u55-128", ("int8", "a16w8", "a8w4", "int8+cluster16", "int8+cluster8",
                                                     "int8+2:4"), progress=False)))
@@ -460,18 +466,15 @@ def _train(model, data, epochs: int, lr: float, seed: int = 0, modes: bool = Tru
         model.eval()
 
 
-def _trained_mv2_accuracy() -> None:
+def _trained_mv2_accuracy() -> dict[str, float]:
     """The MobileNetV2 family trained here: the built-in definition (width 1.0) with 10 classes, 15 epochs on
     digits upscaled to 32x32 RGB (cached in bench/out; gradient descent, so its figures vary from machine to
     machine); each scheme's accuracy on ethos-u55-128, the weight transforms fine-tuned 2 epochs through their
-    hook (the zeros and shared levels kept)."""
-    import copy
-
+    hook (the zeros and shared levels kept); returns each scheme's points lost."""
     import torch
 
     from tosakit.accuracy import measure_scheme
-    from tosakit.quantize.config import SCHEMES
-    from tosakit.sweep import TRANSFORMS, parse_scheme
+    from tosakit.sweep import parse_scheme, prepare
     from tosakit.zoo.mobilenet_v2 import MobileNetV2
 
     data = _digits_rgb()
@@ -487,22 +490,22 @@ def _trained_mv2_accuracy() -> None:
     print(f"\nMobileNetV2 (built-in definition, 10 classes) trained on digits at 32x32 RGB ({time.perf_counter() - start:.0f} s;"
           f" {len(data.test_x)} held-out samples), ethos-u55-128 Shared_Sram, 64 calibration samples:")
     print(f"{'scheme':<18}{'float %':>9}{'fake-q %':>10}{'program %':>11}{'loss':>7}{'cycles':>12}{'weights MiB':>13}")
+    losses = {}
     for scheme in WEIGHT_SCHEMES:
-        config, transforms = parse_scheme(scheme)
-        variant = copy.deepcopy(model)
-        for t in transforms:
-            TRANSFORMS[t](variant, None)
-        if transforms:
+        variant, config, module_configs = prepare(model, scheme)
+        if parse_scheme(scheme)[1]:  # weight transforms: fine-tuned, the zeros and shared levels kept
             _train(variant, data, epochs=2, lr=2e-4)
-        row, compiled = measure_scheme(variant, data, "ethos-u55-128", scheme, SCHEMES[config](), 64,
-                                       reference=model)
+        row, compiled = measure_scheme(variant, data, "ethos-u55-128", scheme, config, 64, reference=model,
+                                       module_configs=module_configs)
         [report] = [d.report for d in compiled.edge.delegates]
         print(f"{scheme:<18}{row.float_accuracy:>9.2f}{row.fake_quant_accuracy:>10.2f}{row.program_accuracy:>11.2f}"
               f"{row.loss:>7.2f}{report.total_cycles:>12,}{report.weights_encoded_bytes / 2**20:>13.3f}", flush=True)
+        losses[scheme] = row.loss
     fake, got, report = _qat_a8w4(model, data)
     float_accuracy = row.float_accuracy
     print(f"{'a8w4 QAT':<18}{float_accuracy:>9.2f}{fake:>10.2f}{got:>11.2f}{float_accuracy - got:>7.2f}"
           f"{report.total_cycles:>12,}{report.weights_encoded_bytes / 2**20:>13.3f}", flush=True)
+    return losses
 
 
 def _qat_a8w4(model, data):

@@ -27,7 +27,8 @@ def _a8w4(target, model, inputs):
 
 
 def _weights(tosa: bytes) -> list[tuple[str, np.ndarray | None, str]]:
-    """(weight dtype name, weight values when int8, weight zero point dtype name) of each CONV2D."""
+    """(weight dtype name, weight values when int8, weight zero point dtype name) of each CONV2D and
+    DEPTHWISE_CONV2D, in graph order."""
     from serializer.tosa_serializer import DTypeNames
     from tosa.TosaGraph import TosaGraph
 
@@ -35,7 +36,7 @@ def _weights(tosa: bytes) -> list[tuple[str, np.ndarray | None, str]]:
     tensors = {block.Tensors(i).Name().decode(): block.Tensors(i) for i in range(block.TensorsLength())}
     found = []
     for op in (block.Operators(i) for i in range(block.OperatorsLength())):
-        if op.Op() == Op.CONV2D:
+        if op.Op() in (Op.CONV2D, Op.DEPTHWISE_CONV2D):
             w, zp = tensors[op.Inputs(1).decode()], tensors[op.Inputs(4).decode()]
             values = w.DataAsNumpy().view(np.int8) if DTypeNames[w.Type()] == "INT8" else None
             found.append((DTypeNames[w.Type()], values, DTypeNames[zp.Type()]))
@@ -202,25 +203,67 @@ def test_sweep_measures_each_scheme_and_its_front(tmp_path):
     assert page.count("data:image/png;base64,") == 1 and int8.per_op[0].name in page
 
 
-def test_sweep_in_worker_processes_gives_the_same_rows():
-    """Two schemes compiled in two worker processes: the figures equal the ones compiled here."""
+def test_sweep_in_worker_processes_and_on_ray_gives_the_same_rows(monkeypatch):
+    """Two schemes compiled in two worker processes, and as tasks of a local Ray cluster (started and shut down by
+    the sweep): the figures equal the ones compiled here."""
+    import ray
+
     from tosakit.sweep import sweep
 
     schemes = ["int8", "a8w4"]
     here = sweep("digits", "ethos-u55-128", schemes, jobs=1, limit=20, progress=False)
     pool = sweep("digits", "ethos-u55-128", schemes, jobs=2, limit=20, progress=False)
-    for a, b in zip(here, pool):
-        assert (a.scheme, a.cycles, a.weights_encoded_bytes, a.accuracy.program_accuracy) == \
-            (b.scheme, b.cycles, b.weights_encoded_bytes, b.accuracy.program_accuracy)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    on_ray = sweep("digits", "ethos-u55-128", schemes, limit=20, progress=False, ray_address="")
+    assert not ray.is_initialized()
+    figures = lambda r: (r.scheme, r.cycles, r.weights_encoded_bytes, r.accuracy.program_accuracy)  # noqa: E731
+    assert list(map(figures, pool)) == list(map(figures, here)) == list(map(figures, on_ray))
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"], ids=["u55", "u85"])
+def test_a8w4_on_pointwise_layers_keeps_the_first_and_depthwise_convolutions_int8_u55_u85(target):
+    """'a8w4@pointwise': INT4 weights on the 1x1 convolutions and the linear layer, INT8 on the first and the
+    depthwise convolution; on ethos-u55-128 the encoded weights between int8's and a8w4's; simulated bit for bit."""
+    from tosakit.quantize.config import get_symmetric_quantization_config
+    from tosakit.sweep import unselected
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU6(),
+                                torch.nn.Conv2d(16, 32, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(32, 10)).eval()
+    inputs = (torch.randn(1, 3, 8, 8),)
+    assert unselected(model, "a8w4@pointwise") == ("0", "2") and unselected(model, "a8w4") == ()
+    int8 = get_symmetric_quantization_config()
+    mixed = compile(model, inputs, target, quantize=True, config=get_symmetric_a8w4_quantization_config(is_qat=False),
+                    module_configs={name: int8 for name in unselected(model, "a8w4@pointwise")})
+    [(tosa, payload)] = ethosu_delegates(mixed)
+    assert [w for w, _, _ in _weights(tosa)] == ["INT8", "INT8", "INT4", "INT4"]
+    if target == "ethos-u55-128":  # (Vela's U85 encoder packs this small model's int4 weights no smaller)
+        sizes = [c.edge.delegates[0].report.weights_encoded_bytes
+                 for c in (_a8w4(target, model, inputs), mixed, compile(model, inputs, target, quantize=True))]
+        assert sizes == sorted(sizes) and len(set(sizes)) == 3, sizes
+    assert_npu_bit_exact(tosa, payload)
 
 
 @pytest.mark.parametrize("scheme,message", [("int9", "unknown quantization 'int9'"),
-                                            ("int8+3:4", "unknown weight transform(s) 3:4")])
+                                            ("int8+3:4", "unknown weight transform(s) 3:4"),
+                                            ("a8w4@depthwise", "unknown layer kind 'depthwise' after '@'")])
 def test_sweep_refuses_unknown_schemes(scheme, message, capsys):
     from tosakit.cli import main
 
     assert main(["sweep", "-m", "digits", "--schemes", scheme]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_sweep_on_ray_without_ray_installed_says_what_to_install(monkeypatch, capsys):
+    import sys
+
+    from tosakit.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as it does where Ray is not installed
+    assert main(["sweep", "-m", "digits", "--schemes", "int8", "--ray"]) == 2
+    assert "needs Ray installed" in (err := capsys.readouterr().err) and "tosakit[cluster]" in err
 
 
 def test_sweep_counts_the_operations_in_velas_sparse_format_u85():

@@ -549,12 +549,13 @@ def _cmd_accuracy(args) -> int:
 
 def _cmd_sweep(args) -> int:
     """Every weight scheme for a model and a target: accuracy, Vela's figures, the Pareto front, report.html."""
-    from .sweep import pareto, sweep, table
+    from .sweep import DEFAULT_SCHEMES, pareto, sweep, table
 
-    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()] if args.schemes else list(DEFAULT_SCHEMES)
     if args.jobs < 1:
         raise TosakitError(f"--jobs {args.jobs}: give at least 1", "--jobs 2 compiles two schemes at a time")
-    rows = sweep(args.model_name, args.target, schemes, args.jobs, args.calibration, args.limit)
+    rows = sweep(args.model_name, args.target, schemes, args.jobs, args.calibration, args.limit,
+                 ray_address=args.ray)
     if args.choose:
         from dataclasses import replace
 
@@ -705,12 +706,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("-m", "--model_name", "--model-name", required=True,
                    help="a built-in model (digits and waves have held-out data: accuracy; others: SNR against float)")
     w.add_argument("-t", "--target", default="ethos-u55-128", help="an Ethos-U target")
-    w.add_argument("--schemes", default="int8,a16w8,a8w4,int8+2:4,int8+cluster16,int8+cluster8,a8w4+2:4",
-                   help="comma-separated: a quantization (int8, a16w8, a8w4, ...) and weight transforms after '+' "
-                        "(2:4, cluster4, cluster8, cluster16, cluster32)")
+    w.add_argument("--schemes", help="comma-separated: a quantization (int8, a16w8, a8w4, ...), weight transforms "
+                        "after '+' (2:4, cluster4, cluster8, cluster16, cluster32), and after '@' the layers it acts "
+                        "on (pointwise: 1x1 convolutions and linear layers; the rest stay int8). Default: "
+                        "int8,a16w8,a8w4,a8w4@pointwise,int8+2:4,int8+cluster16,int8+cluster8,a8w4+2:4")
     w.add_argument("--calibration", type=int, default=64, help="training samples to calibrate on (default 64)")
     w.add_argument("--limit", type=int, help="held-out samples to evaluate at most")
     w.add_argument("-j", "--jobs", type=int, default=1, help="schemes compiled at a time, in worker processes")
+    w.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="compile the schemes as tasks of a Ray cluster (pip install 'tosakit[cluster]'; tosakit on "
+                        "every node): ADDRESS such as auto or ray://HEAD:10001; alone, the cluster ray.init() finds "
+                        "(RAY_ADDRESS) or a local one it starts")
     w.add_argument("--choose", metavar="SCHEME", help="also apply SCHEME layer by layer: keep in int8 the layers it "
                    "hurts most until the loss fits --budget (a model with held-out data); its row is SCHEME~Nint8")
     w.add_argument("--budget", type=float, default=1.0, help="top-1 points --choose may lose against float (1.0)")

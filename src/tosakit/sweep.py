@@ -1,5 +1,6 @@
 """The weight-scheme sweep (``tosakit sweep``): for a model and an Ethos-U target, each scheme — a quantization
-(int8, a16w8, a8w4) with weight transforms after a '+' (2:4 pruning, clustering to N levels) — compiled, measured
+(int8, a16w8, a8w4) with weight transforms after a '+' (2:4 pruning, clustering to N levels), on the layers named
+after an '@' (every layer by default, the rest plain int8) — compiled, measured
 by Vela and run on the host. Per scheme: accuracy where the model has held-out data (float, fake-quantized, the
 program), else the program's SNR against float on seeded inputs; encoded weight bytes, off-chip bytes, cycles,
 MAC utilisation; and each NPU operation's cycles and what bounds them. The schemes compile in a process pool;
@@ -24,7 +25,14 @@ from .specs import EthosUCompileSpec, compile_spec_for_target
 TRANSFORMS = {"2:4": lambda m, modules: prune_2_4(m, modules),
               **{f"cluster{n}": (lambda n: lambda m, modules: cluster_weights(m, n, modules=modules))(n)
                  for n in (4, 8, 16, 32)}}
-DEFAULT_SCHEMES = ("int8", "a16w8", "a8w4", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")
+# layer kind -> whether a scheme ending '@kind' acts on the layer (a conv or linear module); the others stay int8
+SELECTIONS = {
+    # 1x1 convolutions and linear layers: nearly all of a MobileNet's weights, while its first and depthwise
+    # convolutions, few weights each, are where low-bit weights cost the most accuracy
+    "pointwise": lambda m: isinstance(m, torch.nn.Linear) or (m.groups == 1 and set(m.kernel_size) == {1}),
+}
+DEFAULT_SCHEMES = ("int8", "a16w8", "a8w4", "a8w4@pointwise", "int8+2:4", "int8+cluster16", "int8+cluster8",
+                   "a8w4+2:4")
 EVALUATION_SAMPLES = 4  # seeded inputs a model without held-out data is compared with float on
 
 
@@ -61,8 +69,12 @@ class SweepRow:
 
 
 def parse_scheme(scheme: str) -> tuple[str, list[str]]:
-    """'int8+2:4' -> ('int8', ['2:4']), each part checked."""
-    config, *transforms = scheme.split("+")
+    """'int8+2:4' -> ('int8', ['2:4']), each part checked (and the layer kind after an '@')."""
+    body, at, selection = scheme.partition("@")
+    if at and selection not in SELECTIONS:
+        raise TosakitError(f"scheme {scheme!r}: unknown layer kind {selection!r} after '@'",
+                           f"end it with one of: {', '.join('@' + k for k in SELECTIONS)}, or nothing for every layer")
+    config, *transforms = body.split("+")
     if config not in SCHEMES:
         raise TosakitError(f"scheme {scheme!r}: unknown quantization {config!r}", f"start with one of: {', '.join(SCHEMES)}")
     unknown = [t for t in transforms if t not in TRANSFORMS]
@@ -72,32 +84,47 @@ def parse_scheme(scheme: str) -> tuple[str, list[str]]:
     return config, transforms
 
 
+def unselected(model, scheme: str) -> tuple[str, ...]:
+    """The layers of ``model`` outside the kind ``scheme`` names after its '@' (none without one)."""
+    _, at, selection = scheme.partition("@")
+    return tuple(n for n, m in model.named_modules() if isinstance(m, LAYERS) and not SELECTIONS[selection](m)) \
+        if at else ()
+
+
+def prepare(model, scheme: str, kept: tuple[str, ...] = ()):
+    """``model`` as ``scheme`` takes it: (a copy with the weight transforms applied, or ``model`` itself when there
+    are none; the quantization config; the per-module configs keeping plain int8 the layers named in ``kept`` and
+    those outside the scheme's '@' kind). Fine-tune the copy before quantizing it, if you like."""
+    config, transforms = parse_scheme(scheme)
+    kept = tuple(kept) + unselected(model, scheme)
+    return _transformed(model.eval(), transforms, kept), SCHEMES[config](), _kept_int8(config, kept)
+
+
 def run_scheme(model_name: str, target: str, scheme: str, calibration: int = 64, limit: int | None = None,
                kept: tuple[str, ...] = ()) -> SweepRow:
     """One scheme, from the model's name (so a worker process rebuilds it): transforms applied, quantized,
-    compiled, measured; the layers named in ``kept`` stay plain int8."""
+    compiled, measured; the layers named in ``kept`` (and those outside the scheme's '@' kind) stay plain int8."""
     from .zoo import MODELS, load_model
 
     entry = MODELS.get(model_name)
     if entry is not None and entry.data is not None:
         return measure_model(entry.factory()[0], entry.data(), target, scheme, calibration, limit, kept)
-    config, transforms = parse_scheme(scheme)
     start = time.perf_counter()
     _, original, example = load_model(model_name)
-    model = _transformed(original.eval(), transforms, kept)
-    snr, compiled = _snr_on_seeded_inputs(model, original, example, target, SCHEMES[config](), _kept_int8(config, kept))
+    model, config, module_configs = prepare(original, scheme, kept)
+    snr, compiled = _snr_on_seeded_inputs(model, original, example, target, config, module_configs)
     return _row(scheme, None, snr, compiled, start)
 
 
 def measure_model(model, data, target: str, scheme: str, calibration: int = 64, limit: int | None = None,
                   kept: tuple[str, ...] = ()) -> SweepRow:
     """One scheme on a model of your own with its held-out ``data`` (a ``zoo.trained.Split``): ``model`` untouched,
-    a copy transformed, quantized, compiled and measured; the layers named in ``kept`` stay plain int8."""
-    config, transforms = parse_scheme(scheme)
+    a copy transformed, quantized, compiled and measured; the layers named in ``kept`` (and those outside the
+    scheme's '@' kind) stay plain int8."""
     start = time.perf_counter()
-    variant = _transformed(model.eval(), transforms, kept)
-    row, compiled = measure_scheme(variant, data, target, scheme, SCHEMES[config](), calibration, limit,
-                                   reference=model, module_configs=_kept_int8(config, kept))
+    variant, config, module_configs = prepare(model, scheme, kept)
+    row, compiled = measure_scheme(variant, data, target, scheme, config, calibration, limit, reference=model,
+                                   module_configs=module_configs)
     return _row(scheme, row, row.output_snr_db, compiled, start)
 
 
@@ -172,8 +199,11 @@ def _snr_on_seeded_inputs(model, original, example: tuple, target: str, config, 
 
 
 def sweep(model_name: str, target: str, schemes: list[str] | tuple[str, ...] = DEFAULT_SCHEMES, jobs: int = 1,
-          calibration: int = 64, limit: int | None = None, progress: bool | None = None) -> list[SweepRow]:
-    """Every scheme's row, in the order given; ``jobs`` > 1 compiles them in that many worker processes."""
+          calibration: int = 64, limit: int | None = None, progress: bool | None = None,
+          ray_address: str | None = None) -> list[SweepRow]:
+    """Every scheme's row, in the order given; ``jobs`` > 1 compiles them in that many worker processes here, and
+    ``ray_address`` ("auto", "ray://HEAD:10001", or "" for the cluster ``ray.init()`` finds or starts) as tasks of
+    a Ray cluster instead, one per scheme, each on a CPU of its own (tosakit installed on every node)."""
     if not isinstance(compile_spec_for_target(target), EthosUCompileSpec):
         raise TosakitError(f"sweep measures what Vela makes of each scheme: {target} is not an Ethos-U target",
                            "give ethos-u55-128, ethos-u85-256, ...")
@@ -184,20 +214,47 @@ def sweep(model_name: str, target: str, schemes: list[str] | tuple[str, ...] = D
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=len(schemes), desc="schemes", unit="scheme", disable=not show, leave=False)
     rows: dict[str, SweepRow] = {}
-    if jobs <= 1:
+    args = lambda s: (model_name, target, s, calibration, limit)  # noqa: E731
+    if ray_address is not None:
+        for s, row in _on_ray(ray_address, {s: args(s) for s in schemes}):
+            rows[s] = row
+            bar.update()
+    elif jobs <= 1:
         for s in schemes:
-            rows[s] = run_scheme(model_name, target, s, calibration, limit)
+            rows[s] = run_scheme(*args(s))
             bar.update()
     else:
         import multiprocessing
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(run_scheme, model_name, target, s, calibration, limit): s for s in schemes}
+            futures = {pool.submit(run_scheme, *args(s)): s for s in schemes}
             for done in as_completed(futures):
                 rows[futures[done]] = done.result()
                 bar.update()
     bar.close()
     return [rows[s] for s in schemes]
+
+
+def _on_ray(address: str, calls: dict):
+    """(scheme, row) as each ``run_scheme(*calls[scheme])`` finishes as a task of the Ray cluster at ``address``;
+    a Ray instance started here is shut down after."""
+    try:
+        import ray
+    except ImportError:
+        raise TosakitError("a sweep on a Ray cluster needs Ray installed", "pip install 'tosakit[cluster]' (Ray "
+                           "2.60.0), or compile here with -j N") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=1)(run_scheme)
+        pending = {task.remote(*a): s for s, a in calls.items()}
+        while pending:
+            [done], _ = ray.wait(list(pending), num_returns=1)
+            yield pending.pop(done), ray.get(done)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def pareto(rows: list[SweepRow], cost: str) -> set[str]:
@@ -255,14 +312,14 @@ def choose_layers(model: str | torch.nn.Module, target: str, scheme: str, budget
     elif data is None:
         raise TosakitError("choose_layers(module, ...) needs the module's held-out data",
                            "pass data=Split(train_x, train_y, test_x, test_y) (tosakit.zoo.trained.Split)")
-    config, transforms = parse_scheme(scheme)
+    parse_scheme(scheme)
     original = model.eval()
-    layers = _layers(original)
+    outside = unselected(original, scheme)
+    layers = [n for n in _layers(original) if n not in outside]
     float_accuracy = _top1(original, data, limit)
 
     def loss(kept) -> float:
-        variant = _transformed(original, transforms, kept)
-        return float_accuracy - _fake_quant_top1(variant, data, target, config, kept, calibration, limit)
+        return float_accuracy - _fake_quant_top1(*prepare(original, scheme, kept), data, target, calibration, limit)
 
     sensitivity = {name: loss(tuple(n for n in layers if n != name)) for name in layers}
     kept: tuple[str, ...] = ()
@@ -283,12 +340,12 @@ def _top1(model, data, limit) -> float:
         return 100.0 * float((twin(x.double()).argmax(-1) == y).double().mean())
 
 
-def _fake_quant_top1(model, data, target, config: str, kept, calibration: int, limit) -> float:
+def _fake_quant_top1(model, config, module_configs: dict, data, target, calibration: int, limit) -> float:
     from .flow import quantize_model
     from .runtime import evaluate_exact
 
     x, y = data.test_x[:limit], data.test_y[:limit]
-    quantized = quantize_model(model, (x[:1],), compile_spec_for_target(target), SCHEMES[config](),
-                               data.calibration(calibration), _kept_int8(config, kept))
+    quantized = quantize_model(model, (x[:1],), compile_spec_for_target(target), config,
+                               data.calibration(calibration), module_configs)
     logits = torch.cat([evaluate_exact(quantized, x[i:i + 1])[0] for i in range(len(x))])
     return 100.0 * float((logits.argmax(-1) == y).double().mean())
