@@ -143,6 +143,47 @@ def test_qat_fine_tunes_and_lowers(digits_model):
     assert program_acc >= float_acc - 1.0
 
 
+def test_qat_folds_batch_norm_into_the_convolutions_u55_u85():
+    """QAT on convolutions followed by batch norm (with and without bias, depthwise, then ReLU6 or not): the
+    weights train with the batch norm folded in and convert_pt2e folds it for good, so the program runs whole on
+    the NPU of both targets (no batch norm, no counter update on the CPU), equal to the converted model exactly
+    and close to the trained model it came from. (torchao builds its folding patterns by exporting them: slow,
+    so one training serves both targets.)"""
+    from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported_model_to_train
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
+
+    from tosakit.runtime import evaluate_exact
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.BatchNorm2d(8), nn.ReLU6(),
+                          nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(16, 4))
+    x, labels = torch.randn(16, 3, 8, 8), torch.arange(16) % 4
+    quantizer = EthosUQuantizer(EthosUCompileSpec("ethos-u55-128")).set_global(
+        get_symmetric_quantization_config(is_qat=True))
+    exported = torch.export.export(model.train(), (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+    prepared = prepare_qat_pt2e(exported.module(), quantizer)
+    move_exported_model_to_train(prepared)
+    opt = torch.optim.SGD(prepared.parameters(), lr=1e-2)
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.cross_entropy(prepared(x), labels).backward()
+        opt.step()
+    move_exported_model_to_eval(prepared)
+    with torch.no_grad():
+        trained = prepared(x[:1])
+    converted = convert_pt2e(prepared)
+    assert not [n for n in converted.graph.nodes if "batch_norm" in str(n.target) or n.target == torch.ops.aten.add.Tensor]
+    want = evaluate_exact(converted, x[:1])[0]
+    assert Agreement.of(want, trained).snr_db > 20, Agreement.of(want, trained)
+    for target in ("ethos-u55-128", "ethos-u85-256"):
+        compiled = compile(torch.export.export(converted, (x[:1],)), (x[:1],), target)
+        cpu = [p.target for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        assert cpu == [] and compiled.edge.delegates[0].report.cpu_ops == 0, target
+        assert torch.equal(run_edge(compiled.edge, x[:1])[0], want), target
+
+
 def test_quantize_with_submodules_as_in_the_docs(digits_model):
     data = digits_data()
     quantizer = EthosUQuantizer(EthosUCompileSpec("ethos-u85-256")).set_global(get_symmetric_quantization_config())

@@ -131,8 +131,21 @@ CONV_OPS = (aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding, aten.
 WEIGHT_OPS = (*CONV_OPS, aten.conv_transpose2d.input)  # argument 1 is a weight
 
 
+def _training_batch_norm(node: Node, annotating: bool = True) -> Node | None:
+    """The batch norm in training mode that alone reads ``node`` (a convolution being trained for quantization)
+    and, ``annotating``, has a config and no annotation yet."""
+    users = list(node.users)
+    if node.target in (aten.conv1d.default, aten.conv2d.default) and len(users) == 1 and \
+            users[0].target == aten.batch_norm.default and users[0].args[5] and \
+            (not annotating or users[0].meta.get(CONFIG_KEY) is not None and not is_annotated(users[0])):
+        return users[0]
+    return None
+
+
 @annotates(*CONV_OPS)
 def _conv(node: Node, config: QuantizationConfig) -> None:
+    """A convolution or linear layer; in QAT, with the batch norm it feeds, whose output is quantized instead:
+    torchao then trains the weights with the batch norm folded in and folds it for good at convert."""
     x, w = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else None
     transposed = node.target == aten.convolution.default and node.args[6]
@@ -141,7 +154,10 @@ def _conv(node: Node, config: QuantizationConfig) -> None:
     if isinstance(bias, Node):
         inputs[bias] = config.bias_spec((x, node), (w, node))
     _mark(node, inputs)
-    _finish_with_output(node, config)
+    bn = _training_batch_norm(node)
+    if bn is not None:
+        _mark(bn, {})
+    _finish_with_output(bn or node, config)
 
 
 @annotates(aten.conv_transpose2d.input)
@@ -285,6 +301,36 @@ ELEMENTWISE_REWRITES = {
     aten.div.Scalar: _div_as_mul,
     aten.rsub.Scalar: _rsub_as_sub,
 }
+
+
+def _without_batch_norm_counters(model: GraphModule) -> GraphModule:
+    """Batch norm's training counter (``num_batches_tracked += 1``, which no op reads) left out: quantized for
+    inference, it would be state updated on the CPU at every call."""
+    for node in list(model.graph.nodes):
+        if node.op == "call_function" and node.target in (aten.add_.Tensor, aten.add.Tensor) and not node.users \
+                and isinstance(node.args[0], Node) and node.args[0].op == "get_attr" \
+                and node.args[0].target.split(".")[-1] == "num_batches_tracked":
+            model.graph.erase_node(node)
+    model.recompile()
+    return model
+
+
+def _bias_before_batch_norm(model: GraphModule) -> GraphModule:
+    """A convolution without bias that feeds a batch norm being trained gets a zero bias, an int32 input like any
+    other: torchao folds the batch norm's shift into it at convert."""
+    for node in list(model.graph.nodes):
+        if node.op != "call_function" or _training_batch_norm(node, annotating=False) is None or \
+                (len(node.args) > 2 and node.args[2] is not None):
+            continue
+        w = node.args[1].meta["val"]
+        name = f"{node.name}_bias"
+        model.register_parameter(name, torch.nn.Parameter(torch.zeros(w.shape[0], dtype=w.dtype)))
+        with model.graph.inserting_before(node):
+            bias = model.graph.get_attr(name)
+        bias.meta["val"] = torch.zeros(w.shape[0], dtype=w.dtype)
+        node.args = (node.args[0], node.args[1], bias, *node.args[3:])
+    model.recompile()
+    return model
 
 
 def _functional(model: GraphModule) -> GraphModule:
@@ -863,7 +909,8 @@ class TOSAQuantizer(Quantizer):
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         """Prepare the graph for annotation: constants folded, in-place ops functional, scalar operands tensors."""
-        model = _decompose_var(_drop_same_dtype_casts(promote_constants(fold_constants(_functional(model)))))
+        model = _functional(_bias_before_batch_norm(_without_batch_norm_counters(model)))
+        model = _decompose_var(_drop_same_dtype_casts(promote_constants(fold_constants(model))))
         return _scalar_to_tensor(_elementwise_for_annotation(_layers_for_annotation(model, self.config_for)))
 
     def config_for(self, node: Node) -> QuantizationConfig | None:
