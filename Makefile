@@ -11,7 +11,8 @@ ORACLE := .venv-oracle
 PIP_QUIET := --quiet --disable-pip-version-check
 STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
-PYTEST_ARGS ?= -n 2
+# loadgroup: tests marked xdist_group (one ExecuTorch export each) share a worker
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: demo test test-any-machine setup oracle bench fuzz clean
 
