@@ -11,8 +11,7 @@ ORACLE := .venv-oracle
 PIP_QUIET := --quiet --disable-pip-version-check
 STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
-# loadgroup: tests marked xdist_group (one ExecuTorch export each) share a worker
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+PYTEST_ARGS ?= -n 2
 
 .PHONY: demo test test-any-machine setup oracle bench fuzz clean
 

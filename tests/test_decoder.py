@@ -43,13 +43,12 @@ def test_decoder_is_the_hf_llama_with_a_cache():
                                    atol=1e-4)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept while the worker runs other modules' tests
 def programs(tmp_path_factory):
     return compile_decoder(_decoder(), PROMPT, "ethos-u85-256", tmp_path_factory.mktemp("decoder"), steps=STEPS)
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("decoder-programs")  # the module fixture compiled once
 def test_prefill_and_decode_run_whole_on_u85(programs):
     """Each program is one Ethos-U85 delegate with every op on the NPU: the cache written by SCATTER, the rotary
     rows and the token embedding read by GATHER."""
@@ -65,7 +64,6 @@ def test_prefill_and_decode_run_whole_on_u85(programs):
 
 @pytest.mark.slow
 @pytest.mark.numerics
-@pytest.mark.xdist_group("decoder-programs")  # the module fixture compiled once
 def test_generation_from_the_pte_files_equals_the_fake_quantized_models(programs):
     """Prefill and 8 decode steps from the .pte files (the Ethos-U85 command streams on the simulator): the same
     tokens as the fake-quantized models (both exact, so no float summation order decides a tie), every call's
@@ -166,13 +164,12 @@ def test_in_place_cache_gives_the_same_logits_as_the_cache_passed_in():
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept while the worker runs other modules' tests
 def in_place(tmp_path_factory):
     return compile_decoder(_in_place(), PROMPT, "ethos-u85-256", tmp_path_factory.mktemp("in_place"), steps=STEPS)
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("decoder-in-place")  # the module fixture compiled once
 def test_in_place_cache_is_one_program_with_two_methods_u85(in_place):
     """One decoder.pte, methods prefill and decode, each one Ethos-U85 delegate with every op on the NPU; the four
     caches are int8 state in arena 2, which both methods read and write (no quantize on the CPU: the only kernels
@@ -199,7 +196,6 @@ def test_in_place_cache_is_one_program_with_two_methods_u85(in_place):
 
 @pytest.mark.slow
 @pytest.mark.numerics
-@pytest.mark.xdist_group("decoder-in-place")  # the module fixture compiled once
 def test_in_place_generation_equals_the_fake_quantized_models(in_place):
     """Prefill and 8 decode steps from decoder.pte (the command streams simulated, the cache kept by the program
     between calls and methods): the fake-quantized models' tokens, every call's logits within one step of theirs
