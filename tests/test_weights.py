@@ -142,6 +142,25 @@ def test_2_4_sparse_weights_run_in_velas_sparse_format_u85():
     assert_npu_bit_exact(tosa, payload)
 
 
+def test_2_4_sparse_weights_compress_u55():
+    """Ethos-U55 has no sparse format: there the pruned weights are zeros in the TOSA (2 of every 4 consecutive
+    input channels of each convolution) that Vela's weight encoder stores in fewer bytes, every operation's
+    sparsity left NONE; the stream simulates bit for bit."""
+    from tosakit.quantize.transforms import prune_2_4
+
+    model, inputs = _convs()
+    dense = compile(model, inputs, "ethos-u55-128", quantize=True)
+    sparse = compile(prune_2_4(copy_of(model)), inputs, "ethos-u55-128", quantize=True)
+    [(tosa, payload)] = ethosu_delegates(sparse)
+    for _, w, _ in _weights(tosa)[:2]:  # OHWI: input channels last
+        groups = w.reshape(32, 3, 3, -1, 4)
+        assert ((groups == 0).sum(-1) >= 2).all()
+    assert "WEIGHT_SPARSITY_SPARSE_2_4" not in _sparsity_formats(payload)
+    assert sparse.edge.delegates[0].report.weights_encoded_bytes < \
+        0.8 * dense.edge.delegates[0].report.weights_encoded_bytes
+    assert_npu_bit_exact(tosa, payload)
+
+
 @pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"], ids=["u55", "u85"])
 def test_clustered_weights_are_a_few_shared_integers_u55_u85(target):
     """Clustered to 8 levels per output channel's scale, every convolution's int8 weights hold at most 8
