@@ -422,7 +422,8 @@ def weights(args) -> None:
                   f"{row.cycles / et['a8w4'].cycles:>11.3f}{row.weights_encoded_bytes / 2**20:>13.2f}"
                   f"{row.offchip_bytes / 2**20:>14.2f}{row.sparse_ops:>9}", flush=True)
     losses = _trained_mv2_accuracy()
-    fit = [s for s in WEIGHT_SCHEMES if losses[s] <= 1.0 and ratios[s] <= 0.80]
+    ratios["a8w4 QAT"] = ratios["a8w4"]  # the same INT4 weights on the NPU, trained instead of calibrated
+    fit = [s for s in losses if losses[s] <= 1.0 and ratios[s] <= 0.80]
     print("\nschemes within 1.0 point of float on the trained MobileNetV2 at or below 0.80x ExecuTorch's int8 cycles "
           "on ethos-u55-128: " + (", ".join(f"{s} ({losses[s]:.2f} points, {ratios[s]:.3f}x)" for s in fit) or "none"))
     print("\ndigits on ethos-u55-128 (450 held-out samples, 64 calibration samples, post-training):")
@@ -505,6 +506,7 @@ def _trained_mv2_accuracy() -> dict[str, float]:
     float_accuracy = row.float_accuracy
     print(f"{'a8w4 QAT':<18}{float_accuracy:>9.2f}{fake:>10.2f}{got:>11.2f}{float_accuracy - got:>7.2f}"
           f"{report.total_cycles:>12,}{report.weights_encoded_bytes / 2**20:>13.3f}", flush=True)
+    losses["a8w4 QAT"] = float_accuracy - got
     return losses
 
 
