@@ -362,13 +362,25 @@ _SMALL = ["add", "add3", "softmax", "digits", "waves", "audio1d", "lstm"]
 # Models whose streams hold no command the others' do not (1-D convolutions, unrolled recurrences, attention), and
 # slow to simulate: run on each family's first configuration, not on every one.
 _FIRST_CONFIG_ONLY = {"wav2letter", "conformer", "crnn", "yolo"}
+# The largest of the others, slow too: each on the first configuration and one other in turn, so that every
+# configuration still runs one of them besides the small models and the MLPerf Tiny networks.
+_TWO_CONFIGS = ["mv2", "mv3", "resnet18", "transformer", "unet"]
+
+
+def _runs_on(model: str, k: int, n: int) -> bool:
+    """Whether ``model`` is simulated on the ``k``-th of ``n`` configurations."""
+    if k == 0 or model in _SMALL:
+        return True
+    if model in _TWO_CONFIGS:
+        return k == 1 + _TWO_CONFIGS.index(model) % (n - 1)
+    return model not in _FIRST_CONFIG_ONLY
 
 
 def _model_configs(configs):
-    """(model, target, memory mode) params: every built-in model on ``configs`` (see ``_FIRST_CONFIG_ONLY``)."""
+    """(model, target, memory mode) params: every built-in model on ``configs`` (see ``_runs_on``)."""
     return [pytest.param(m, t, mode, id=f"{m}-{t}-{mode or 'default'}",
                          marks=() if m in _SMALL else pytest.mark.slow)
-            for m in MODELS for k, (t, mode) in enumerate(configs) if k == 0 or m not in _FIRST_CONFIG_ONLY]
+            for m in MODELS for k, (t, mode) in enumerate(configs) if _runs_on(m, k, len(configs))]
 
 
 @pytest.mark.parametrize("model_name,target,memory_mode", _model_configs(CONFIGS))

@@ -39,6 +39,8 @@ TARGETS = ["ethos-u55-128", "ethos-u85-256"]
 # Built-in models ExecuTorch delegates whole on the U55 (mv2, digits, resnet18), and waves: three delegates with
 # ExecuTorch's CPU pooling between them. (mv3, transformer and lstm delegate whole too, at more export time.)
 NAMES = ["mv2", "digits", "resnet18", "waves"]
+# Each model on both targets but resnet18, on ethos-u85-256 only: on the U55 it adds no command mv2's stream lacks.
+CASES = [pytest.param(n, t, id=f"{n}-{t}") for n in NAMES for t in TARGETS if (n, t) != ("resnet18", TARGET)]
 BLOCKS = ["vela_bin_stream", "cmd_data", "weight_data", "scratch_size", "inputs", "outputs", "vela_end_stream"]
 
 
@@ -78,8 +80,7 @@ def _delegate_tosa(program, result) -> list[tuple[object, bytes, bytes]]:
     return out
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name,target", CASES)
 def test_executorch_program_simulates_bit_exact(name, target, exported):
     """No TOSA inside ExecuTorch's .pte; each delegate simulated equals its TOSA on the reference model."""
     inputs, result = exported(name, target)
@@ -106,8 +107,7 @@ def test_executorch_program_simulates_bit_exact(name, target, exported):
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name,target", CASES)
 def test_tosakit_run_executes_executorch_program(name, target, exported, tmp_path, capsys):
     """`tosakit run X.pte` (default engine, and --engine npu) on ExecuTorch's program: what the program gives with
     ExecuTorch's own TOSA for each delegate (the tosa engine), bit for bit; --engine tosa has no TOSA to run."""
@@ -168,8 +168,7 @@ def _same_function(ours: bytes, theirs: bytes, seeds=(0, 1, 2)) -> bool:
                for x, y in zip(run_tosa(ours, _seeded(ours, seed)), run_tosa(theirs, _seeded(ours, seed))))
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name,target", CASES)
 def test_tosakit_program_for_the_same_quantized_graph(name, target, exported, tmp_path, record_property):
     """ExecuTorch's program and tosakit's for the very graph ExecuTorch quantized, both run by tosakit (delegates
     on the simulator). Where the TOSAs are identical — byte for byte, or computing the same integers (same I/O,
