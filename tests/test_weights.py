@@ -275,6 +275,16 @@ def test_sweep_refuses_unknown_schemes(scheme, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_sweep_help_names_the_default_schemes(capsys):
+    """The CLI's help spells out sweep.DEFAULT_SCHEMES (kept as text so `tosakit --help` imports no torch)."""
+    from tosakit.cli import main
+    from tosakit.sweep import DEFAULT_SCHEMES
+
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    assert ", ".join(DEFAULT_SCHEMES) in " ".join(capsys.readouterr().out.split())
+
+
 def test_sweep_on_ray_without_ray_installed_says_what_to_install(monkeypatch, capsys):
     import sys
 

@@ -709,7 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--schemes", help="comma-separated: a quantization (int8, a16w8, a8w4, ...), weight transforms "
                         "after '+' (2:4, cluster4, cluster8, cluster16, cluster32), and after '@' the layers it acts "
                         "on (pointwise: 1x1 convolutions and linear layers; the rest stay int8). Default: "
-                        "int8,a16w8,a8w4,a8w4@pointwise,int8+2:4,int8+cluster16,int8+cluster8,a8w4+2:4")
+                        "int8, a16w8, a8w4, a8w4@pointwise, int8+2:4, int8+cluster16, int8+cluster8, a8w4+2:4")
     w.add_argument("--calibration", type=int, default=64, help="training samples to calibrate on (default 64)")
     w.add_argument("--limit", type=int, help="held-out samples to evaluate at most")
     w.add_argument("-j", "--jobs", type=int, default=1, help="schemes compiled at a time, in worker processes")

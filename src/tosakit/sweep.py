@@ -87,8 +87,7 @@ def parse_scheme(scheme: str) -> tuple[str, list[str]]:
 def unselected(model, scheme: str) -> tuple[str, ...]:
     """The layers of ``model`` outside the kind ``scheme`` names after its '@' (none without one)."""
     _, at, selection = scheme.partition("@")
-    return tuple(n for n, m in model.named_modules() if isinstance(m, LAYERS) and not SELECTIONS[selection](m)) \
-        if at else ()
+    return tuple(n for n in _layers(model) if not SELECTIONS[selection](model.get_submodule(n))) if at else ()
 
 
 def prepare(model, scheme: str, kept: tuple[str, ...] = ()):

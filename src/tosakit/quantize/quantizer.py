@@ -131,13 +131,11 @@ CONV_OPS = (aten.conv1d.default, aten.conv2d.default, aten.conv2d.padding, aten.
 WEIGHT_OPS = (*CONV_OPS, aten.conv_transpose2d.input)  # argument 1 is a weight
 
 
-def _training_batch_norm(node: Node, annotating: bool = True) -> Node | None:
-    """The batch norm in training mode that alone reads ``node`` (a convolution being trained for quantization)
-    and, ``annotating``, has a config and no annotation yet."""
+def _training_batch_norm(node: Node) -> Node | None:
+    """The batch norm in training mode that alone reads ``node`` (a convolution being trained for quantization)."""
     users = list(node.users)
     if node.target in (aten.conv1d.default, aten.conv2d.default) and len(users) == 1 and \
-            users[0].target == aten.batch_norm.default and users[0].args[5] and \
-            (not annotating or users[0].meta.get(CONFIG_KEY) is not None and not is_annotated(users[0])):
+            users[0].target == aten.batch_norm.default and users[0].args[5]:
         return users[0]
     return None
 
@@ -155,8 +153,10 @@ def _conv(node: Node, config: QuantizationConfig) -> None:
         inputs[bias] = config.bias_spec((x, node), (w, node))
     _mark(node, inputs)
     bn = _training_batch_norm(node)
-    if bn is not None:
+    if bn is not None and bn.meta.get(CONFIG_KEY) is not None and not is_annotated(bn):
         _mark(bn, {})
+    else:
+        bn = None
     _finish_with_output(bn or node, config)
 
 
@@ -319,7 +319,7 @@ def _bias_before_batch_norm(model: GraphModule) -> GraphModule:
     """A convolution without bias that feeds a batch norm being trained gets a zero bias, an int32 input like any
     other: torchao folds the batch norm's shift into it at convert."""
     for node in list(model.graph.nodes):
-        if node.op != "call_function" or _training_batch_norm(node, annotating=False) is None or \
+        if node.op != "call_function" or _training_batch_norm(node) is None or \
                 (len(node.args) > 2 and node.args[2] is not None):
             continue
         w = node.args[1].meta["val"]
