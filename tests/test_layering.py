@@ -16,6 +16,11 @@ def _rank(module: str) -> int:
     return RANK.get(module.split(".")[0], TOP)
 
 
+def _is_module(module: str) -> bool:
+    base = SRC.joinpath(*module.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
 def _imports(path: Path) -> list[tuple[str, int]]:
     """tosakit-internal modules imported by ``path`` (relative imports resolved), with line numbers."""
     package = path.relative_to(SRC).with_suffix("").parts
@@ -33,7 +38,9 @@ def _imports(path: Path) -> list[tuple[str, int]]:
                 target = node.module[len("tosakit."):] if node.module != "tosakit" else ""
             else:
                 continue
-            found.append((target, node.lineno))
+            # ``from .pkg import mod`` imports the submodule pkg/mod.py, not just the package
+            subs = [f"{target}.{a.name}" for a in node.names if _is_module(f"{target}.{a.name}")]
+            found += [(t, node.lineno) for t in subs] or [(target, node.lineno)]
         elif isinstance(node, ast.Import):
             found += [(a.name[len("tosakit."):], node.lineno) for a in node.names if a.name.startswith("tosakit.")]
     return [(t, ln) for t, ln in found if t]
@@ -64,3 +71,80 @@ def test_tosakit_never_imports_executorch():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "executorch" for n in names), f"{path} imports executorch"
+
+
+MAX_LINES = 600
+
+
+def _module_file(module: str) -> Path | None:
+    """The file a dotted tosakit module names (``a.b`` -> a/b.py or a/b/__init__.py); a name imported from a
+    package (``from .pkg import name``) falls back to the package."""
+    parts = module.split(".")
+    while parts:
+        base = SRC.joinpath(*parts)
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
+        parts = parts[:-1]
+    return None
+
+
+def _import_graph() -> dict[Path, set[Path]]:
+    """file -> the tosakit files it imports, at top level or inside functions."""
+    graph = {}
+    for path in sorted(SRC.rglob("*.py")):
+        targets = {_module_file(t) for t, _ in _imports(path)}
+        graph[path] = {t for t in targets if t is not None and t != path}
+    return graph
+
+
+def _circles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
+    """The strongly connected groups of more than one file (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    """No file imports itself through others, not even from inside a function."""
+    circles = _circles(_import_graph())
+    assert not circles, "import circles:\n" + "\n".join(
+        " <-> ".join(str(p.relative_to(SRC)) for p in group) for group in circles)
+
+
+def test_the_circle_finder_sees_a_circle():
+    """Guard against a finder that finds nothing."""
+    a, b, c = Path("a"), Path("b"), Path("c")
+    assert _circles({a: {b}, b: {c}, c: {a}}) == [[a, b, c]]
+    assert _circles({a: {b}, b: {c}, c: set()}) == []
+
+
+def test_no_source_file_over_the_line_cap():
+    """Every file one job: none over MAX_LINES lines."""
+    big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"files over {MAX_LINES} lines (split them along their jobs): {big}"
