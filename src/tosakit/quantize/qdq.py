@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
-from .quantizer import FUSABLE_ACTIVATIONS
+from .annotate import FUSABLE_ACTIVATIONS
 
 qd = torch.ops.quantized_decomposed
 QUANTIZE_OPS = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor, qd.quantize_per_channel.default}
