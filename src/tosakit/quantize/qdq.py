@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from ..capture import graph_attr
 from .annotate import FUSABLE_ACTIVATIONS
 
 qd = torch.ops.quantized_decomposed
@@ -80,10 +81,7 @@ def _literal(arg, gm=None) -> np.ndarray:
     if isinstance(arg, Node):
         if arg.op != "get_attr" or gm is None:
             raise ValueError(f"qparam {arg.name} is not a constant")
-        value = gm
-        for part in arg.target.split("."):
-            value = getattr(value, part)
-        return value.detach().cpu().numpy()
+        return graph_attr(gm, arg).detach().cpu().numpy()
     return np.asarray(arg)
 
 
