@@ -216,7 +216,6 @@ MOVEMENT_OPS = {
     aten.index.Tensor, aten.gather.default, aten.pad.default, aten.constant_pad_nd.default, aten.amax.default,
     aten.amin.default, aten.max.default, aten.min.default, aten.movedim.int, aten.swapaxes.default,
 }
-SHARED_QPARAM_OPS.update(MOVEMENT_OPS)
 annotates(*MOVEMENT_OPS)(_shared)
 
 # Ops with several outputs (read through getitem), each a part of the input.
