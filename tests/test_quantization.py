@@ -15,7 +15,7 @@ from tosakit.accuracy import measure, output_snr, table
 from tosakit.runtime.verify import Agreement
 from tosakit.flow import compile, quantize_model
 from tosakit.quantize.config import PercentileObserver, QuantizationConfig
-from tosakit.quantize.quantizer import calibrate
+from tosakit.quantize.calibration import calibrate
 from tosakit.runtime import LoadedProgram, run_edge
 from tosakit.zoo.trained import digits, digits_data
 

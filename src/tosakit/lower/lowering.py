@@ -16,7 +16,7 @@ import torch
 import tosa_serializer as ts
 from torch.fx import GraphModule, Node
 
-from ..capture import source_of
+from ..capture import graph_attr, source_of
 from ..errors import TosakitError, UnsupportedOpError
 from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
 from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequantize, is_integer_node, is_quantize
@@ -169,10 +169,7 @@ class Lowering:
 
     def constant(self, node: Node) -> torch.Tensor:
         """The tensor behind a ``get_attr`` node."""
-        value = self.gm
-        for part in node.target.split("."):
-            value = getattr(value, part)
-        return value.detach()
+        return graph_attr(self.gm, node).detach()
 
     def arg(self, a) -> Value:
         """The TOSA value of an fx argument (constants are materialized on first use)."""

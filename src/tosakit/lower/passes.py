@@ -7,8 +7,7 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
-from ..capture import STATE, State, fold_constants, promote_constants, state_writes
-from ..capture import graph_attr as _get_attr
+from ..capture import STATE, State, fold_constants, graph_attr, promote_constants, state_writes
 from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
 from .lowering import folds_to_integer
 
@@ -182,10 +181,10 @@ def fold_batch_norm(gm: GraphModule) -> GraphModule:
             continue
         if conv.args[6]:  # transposed convolution: channels on dim 1; left to the batch-norm rule
             continue
-        gamma, beta, mean, var = (_get_attr(gm, a) if isinstance(a, Node) else None for a in node.args[1:5])
+        gamma, beta, mean, var = (graph_attr(gm, a) if isinstance(a, Node) else None for a in node.args[1:5])
         eps = node.args[6]
-        w = _get_attr(gm, w_node)
-        b = _get_attr(gm, b_node) if b_node is not None else torch.zeros(w.shape[0])
+        w = graph_attr(gm, w_node)
+        b = graph_attr(gm, b_node) if b_node is not None else torch.zeros(w.shape[0])
         inv = torch.rsqrt(var + eps) * (gamma if gamma is not None else 1.0)
         new_w = w * inv.reshape(-1, *([1] * (w.dim() - 1)))
         new_b = (b - mean) * inv + (beta if beta is not None else 0.0)

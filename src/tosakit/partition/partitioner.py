@@ -11,7 +11,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from ..capture import source_of
+from ..capture import graph_attr, source_of
 from ..quantize.qdq import fused_activation_of, is_dequantize, is_quantize
 from ..specs import CompileSpec
 from .support import refusal
@@ -200,9 +200,7 @@ def extract_subgraph(gm: GraphModule, tag: str) -> Subgraph:
 
 
 def _copy_attr(src: torch.nn.Module, dst: torch.nn.Module, target: str) -> None:
-    value = src
-    for part in target.split("."):
-        value = getattr(value, part)
+    value = graph_attr(src, target)
     *path, leaf = target.split(".")
     mod = dst
     for part in path:

@@ -9,7 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
-from ..capture import STATE, state_writes
+from ..capture import STATE, graph_attr, state_writes
 from ..errors import TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import NHWC, identity, storage_order
 from .kernels import runtime_kernels
@@ -343,7 +343,7 @@ class Emitter:
                 self.node_value[node] = idx
                 inputs.append(idx)
             elif node.op == "get_attr":
-                value = _attr(self.gm, node.target)
+                value = graph_attr(self.gm, node)
                 if isinstance(value, torch.Tensor):
                     self.node_value[node] = self._constant(value)
             elif node.op == "call_function" and node.target is executorch_call_delegate:
@@ -419,13 +419,6 @@ def build_program(plans: list[ExecutionPlan], pools: Pools) -> EmittedProgram:
 def _bytes(t: torch.Tensor) -> bytes:
     t = t.detach().contiguous()
     return (t if t.dtype != torch.bfloat16 else t.view(torch.int16)).numpy().tobytes()
-
-
-def _attr(gm: GraphModule, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def plan_memory(tensors: list[PlannedTensor]) -> int:

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch.fx import Node
 
-from .quantizer import FUSABLE_ACTIVATIONS
+from ..capture import graph_attr
+from .annotate import FUSABLE_ACTIVATIONS
 
 qd = torch.ops.quantized_decomposed
 QUANTIZE_OPS = {qd.quantize_per_tensor.default, qd.quantize_per_tensor.tensor, qd.quantize_per_channel.default}
@@ -80,10 +81,7 @@ def _literal(arg, gm=None) -> np.ndarray:
     if isinstance(arg, Node):
         if arg.op != "get_attr" or gm is None:
             raise ValueError(f"qparam {arg.name} is not a constant")
-        value = gm
-        for part in arg.target.split("."):
-            value = getattr(value, part)
-        return value.detach().cpu().numpy()
+        return graph_attr(gm, arg).detach().cpu().numpy()
     return np.asarray(arg)
 
 
