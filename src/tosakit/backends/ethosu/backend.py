@@ -17,7 +17,7 @@ from ...partition import PartitionResult
 from ...partition.partitioner import extract_subgraph
 from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
-from ..dispatch import PreprocessResult, backend, compile_lowered, form_choice, lower_for
+from ..registry import PreprocessResult, backend, compile_lowered, form_choice, lower_for
 from .payload import EthosUPayload, pack_payload, parse_payload
 from .support import limits_for
 from .vela import VelaRefusal, VelaReport, VelaResult, compile_tosa
