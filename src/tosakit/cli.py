@@ -67,6 +67,11 @@ def _add_limits(p, memory: str = "1G") -> None:
                    help="stop a run that takes longer (default 600)")
 
 
+def _add_vela_system(p) -> None:
+    p.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
+    p.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand's flags."""
     parser = argparse.ArgumentParser(prog="tosakit", description="PyTorch to Arm Ethos-U / VGF via TOSA, as .pte")
@@ -82,8 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--calibration", metavar="PATH",
                    help="calibration samples for --quantize: an .npz (arg0, ... shaped [N, ...] for N samples), .npy, "
                         ".pt, or a folder of such files")
-    c.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
-    c.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
+    _add_vela_system(c)
     c.add_argument("--config_ini", "--config-ini", help="Vela .ini file (default Arm/vela.ini)")
     c.add_argument("--extra_flags", "--extra-flags", help="extra Vela flags, e.g. '--verbose-allocation'")
     c.add_argument("--optimise", metavar="{Performance,Size}",
@@ -111,11 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--random", action="store_true", help="seeded random inputs for --verify")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
-    r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, Ethos-U55/U65 delegates on the "
+    r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, Ethos-U delegates on the "
                                    "command-stream simulator, other delegates on the TOSA reference model)")
     r.add_argument("pte")
     r.add_argument("--engine", choices=("npu", "tosa"),  # runtime.validate.ENGINES (not imported: slow)
-                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55/U65), or "
+                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55, U65 "
+                        "and U85), or "
                         "tosa, the TOSA they carry (--debug-info) on the reference model (default: npu when the "
                         "stream is one the simulator runs, else tosa)")
     r.add_argument("--verify", action="store_true",
@@ -142,8 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=8, help="decode steps after the prompt (default 8)")
     g.add_argument("--max-positions", "--max_positions", type=int,
                    help="KV cache positions (default: prompt length + steps)")
-    g.add_argument("--system_config", "--system-config", help="Vela system config (Ethos-U)")
-    g.add_argument("--memory_mode", "--memory-mode", help="Vela memory mode (Ethos-U)")
+    _add_vela_system(g)
     g.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
     g.add_argument("--kv-cache", "--kv_cache", choices=("in-place", "io"), default="in-place",
                    help="in-place (default): the cache is the program's state, one decoder.pte with methods prefill "

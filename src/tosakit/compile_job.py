@@ -12,6 +12,8 @@ from pathlib import Path
 
 from .errors import TosakitError
 
+OTHER_FOLDER_HINT = "choose another -i folder"
+
 
 class Progress:
     """One line per stage on stderr, with the time it took."""
@@ -153,9 +155,9 @@ def check_output(output: Path, folder: Path | None = None) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TosakitError(f"cannot create the reports folder -i {folder}: {exc.strerror}",
-                               "choose another -i folder") from None
+                               OTHER_FOLDER_HINT) from None
         if not os.access(folder, os.W_OK | os.X_OK):
-            raise TosakitError(f"cannot write reports to -i {folder}: it is read-only", "choose another -i folder")
+            raise TosakitError(f"cannot write reports to -i {folder}: it is read-only", OTHER_FOLDER_HINT)
 
 
 def _calibration(opts: CompileOptions, name: str, example: tuple) -> tuple[list[tuple] | None, str]:

@@ -94,13 +94,19 @@ class TosaSpecification:
 
 # --------------------------------------------------------------------- Vela flags
 
+VELA_INI = "Arm/vela.ini"  # the .ini Vela ships, in its config_files folder
 VELA_GOALS = ("Size", "Performance")  # what --optimise takes
+_ETHOSU_ONLY_HINT = "drop them, or choose an ethos-u55/u65/u85 target"
+
+
+def _invalid(flag: str, value: str, hint: str) -> TosakitError:
+    return TosakitError(f"invalid value {value!r} for Vela flag {flag}", hint)
 
 
 def flag_choice(flag: str, value: str, choices) -> str:
     """``value`` if it is one of ``choices``; else an error naming the Vela flag and the choices."""
     if value not in choices:
-        raise TosakitError(f"invalid value {value!r} for Vela flag {flag}", did_you_mean(value, choices))
+        raise _invalid(flag, value, did_you_mean(value, choices))
     return value
 
 
@@ -111,7 +117,7 @@ def flag_number(flag: str, value: str, kind: type, valid: Callable[[float], bool
     except ValueError:
         number = None
     if number is None or not valid(number):
-        raise TosakitError(f"invalid value {value!r} for Vela flag {flag}", f"it must be {rule}")
+        raise _invalid(flag, value, f"it must be {rule}")
     return number
 
 
@@ -268,7 +274,7 @@ class EthosUCompileSpec(ArmCompileSpec):
         system_config: str | None = None,
         memory_mode: str | None = None,
         extra_flags: list[str] | str | None = None,
-        config_ini: str | None = "Arm/vela.ini",
+        config_ini: str | None = VELA_INI,
         optimise: str | None = None,
         arena_cache_size: int | None = None,
     ):
@@ -276,7 +282,7 @@ class EthosUCompileSpec(ArmCompileSpec):
         if target not in ETHOSU_TARGETS:
             raise TosakitError(f"unknown Ethos-U target {target!r}", did_you_mean(target, ETHOSU_TARGETS))
         npu = ETHOSU_TARGETS[target]
-        config_ini = config_ini or "Arm/vela.ini"
+        config_ini = config_ini or VELA_INI
         systems, modes = vela_config_sections(config_ini)
         system_config = system_config or npu.system_config
         memory_mode = memory_mode or npu.memory_mode
@@ -306,7 +312,7 @@ class EthosUCompileSpec(ArmCompileSpec):
         self.memory_mode = memory_mode
         self.config_ini = config_ini
         self.extra_flags = _as_flag_list(extra_flags)
-        self.optimise = None if optimise is None else flag_choice("--optimise", optimise, VELA_GOALS)
+        self.optimise = flag_choice("--optimise", optimise, VELA_GOALS) if optimise else None
         self.arena_cache_size = None if arena_cache_size is None else read_arena_cache_size(str(arena_cache_size))
         super().__init__(tosa_spec=TosaSpecification.create_from_string(npu.tosa), compiler_flags=self._vela_flags())
 
@@ -363,16 +369,14 @@ def compile_spec_for_target(
     Ethos-U targets only."""
     record = ETHOSU_TARGETS.get(target.strip().lower())
     if record is not None:
-        return EthosUCompileSpec(record.name, system_config, memory_mode, extra_flags, config_ini or "Arm/vela.ini",
-                                 optimise, arena_cache_size)
+        return EthosUCompileSpec(record.name, system_config, memory_mode, extra_flags, config_ini, optimise,
+                                 arena_cache_size)
     if system_config or memory_mode:
         raise TosakitError(
-            f"--system_config/--memory_mode only apply to Ethos-U targets, not {target!r}",
-            "drop them, or choose an ethos-u55/u65/u85 target",
-        )
+            f"--system_config/--memory_mode only apply to Ethos-U targets, not {target!r}", _ETHOSU_ONLY_HINT)
     if optimise or arena_cache_size is not None:
         raise TosakitError(f"--optimise/--arena-cache-size only apply to Ethos-U targets, not {target!r}",
-                           "drop them, or choose an ethos-u55/u65/u85 target")
+                           _ETHOSU_ONLY_HINT)
     record = parse_target(target)
     if record.name == "vgf":
         return VgfCompileSpec(compiler_flags=extra_flags)
@@ -386,7 +390,7 @@ class ArmCompileSpecBuilder:
         self._spec: ArmCompileSpec | None = None
         self._intermediates: str | None = None
 
-    def ethosu_compile_spec(self, target, system_config=None, memory_mode=None, extra_flags=None, config_ini="Arm/vela.ini"):
+    def ethosu_compile_spec(self, target, system_config=None, memory_mode=None, extra_flags=None, config_ini=VELA_INI):
         self._spec = EthosUCompileSpec(target, system_config, memory_mode, extra_flags, config_ini)
         return self
 
@@ -409,7 +413,7 @@ class ArmCompileSpecBuilder:
         return self._spec.dump_intermediate_artifacts_to(self._intermediates) if self._intermediates else self._spec
 
 
-def generate_ethosu_compile_spec(target, system_config=None, memory_mode=None, extra_flags=None, config_ini="Arm/vela.ini"):
+def generate_ethosu_compile_spec(target, system_config=None, memory_mode=None, extra_flags=None, config_ini=VELA_INI):
     """Older helper: the same as ``EthosUCompileSpec(...)``."""
     return EthosUCompileSpec(target, system_config, memory_mode, extra_flags, config_ini)
 

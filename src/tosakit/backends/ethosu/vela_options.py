@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ...errors import TosakitError, did_you_mean
-from ...specs import (VELA_GOALS, EthosUCompileSpec, flag_choice, flag_number, read_arena_cache_size,
+from ...specs import (VELA_GOALS, VELA_INI, EthosUCompileSpec, flag_choice, flag_number, read_arena_cache_size,
                       resolve_vela_config)
 from ...targets import ETHOSU_TARGETS, Target
+
 
 @dataclass
 class VelaOptions:
@@ -148,7 +149,7 @@ class VelaConfig:
     """The selected system config and memory mode of one or more Vela .ini files."""
 
     def __init__(self, opts: VelaOptions):
-        self.paths = [resolve_vela_config(c) for c in (opts.configs or ["Arm/vela.ini"])]
+        self.paths = [resolve_vela_config(c) for c in (opts.configs or [VELA_INI])]
         self.parser = configparser.ConfigParser()
         self.parser.read(self.paths)
         self.system = self._section("System_Config", opts.system_config)
