@@ -100,6 +100,7 @@ def cmd_run(args) -> int:
 
 
 def _limits(args):
+    """The run limits --max-memory and --timeout give."""
     from .runtime import Limits
 
     return Limits(max_memory=args.max_memory, timeout=args.timeout)
@@ -110,11 +111,10 @@ def cmd_generate(args) -> int:
     fake-quantized models; Vela's cycles per call."""
     import torch
 
+    from .compile_job import Progress
     from .generate import compile_decoder, generate
     from .specs import compile_spec_for_target
     from .zoo.field import hf_decoder
-
-    from .compile_job import Progress
 
     progress = Progress(args.quiet)
     spec = compile_spec_for_target(args.target, args.system_config, args.memory_mode)
@@ -153,6 +153,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_inspect(args) -> int:
+    """Describe a .pte (and, with --commands, each Ethos-U delegate's command stream)."""
     from .runtime import load
     from .runtime.inspect import command_listing, describe
 
@@ -230,6 +231,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_models(args) -> int:
+    """List the built-in models and the field's sources."""
     from .zoo import MODELS
 
     from .zoo.field import HF_MODELS, SOURCES
