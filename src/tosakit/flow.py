@@ -45,7 +45,7 @@ class Compiled:
 
 
 # Told each stage's name as it starts: "export", "quantize", "lower", "verify".
-Progress = Callable[[str], None]
+StageCallback = Callable[[str], None]
 
 
 def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompileSpec,
@@ -68,7 +68,7 @@ def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompi
 def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmCompileSpec, *, quantize: bool = False,
             delegate: bool = True, config: QuantizationConfig | None = None,
             calibration: Iterable[tuple] | None = None, additional_checks=None,
-            module_configs: dict[str, QuantizationConfig] | None = None, progress: Progress | None = None,
+            module_configs: dict[str, QuantizationConfig] | None = None, progress: StageCallback | None = None,
             verify_on: tuple | None = None, verify_layers: bool = False) -> Compiled:
     """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program. ``model``
     may be exported already (an ``ExportedProgram``, e.g. of a quantized graph compiled for several targets):
