@@ -66,7 +66,7 @@ def test_report_limits_vela_goes_beyond_are_not_enforced():
 
 def test_partitioning_reuses_the_vela_compile(monkeypatch):
     """Validation compiles each partition once; the program stage reuses that result."""
-    import tosakit.backends.dispatch as backends
+    import tosakit.backends.registry as backends
 
     calls = []
     original = backends.preprocess

@@ -20,7 +20,8 @@ import tosa_serializer as ts
 
 from tosakit.backends.ethosu import vela as vela_backend
 from tosakit.backends.ethosu.payload import BLOCK_ORDER, pack_payload, parse_payload
-from tosakit.backends.ethosu.vela import VelaTensor, compile_tosa, parse_vela_flags
+from tosakit.backends.ethosu.vela import VelaTensor, compile_tosa
+from tosakit.backends.ethosu.vela_options import parse_vela_flags
 from tosakit.errors import TosakitError
 from tosakit.specs import EthosUCompileSpec
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tosakit.cli import CompileOptions, compile_model, main
+from tosakit.cli import main
+from tosakit.compile_job import CompileOptions, compile_model
 from tosakit.runtime import load
 from tosakit.runtime.io import random_inputs
 from op_cases import sweep_models

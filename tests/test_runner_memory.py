@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tosakit.cli import CompileOptions, compile_model, main
+from tosakit.cli import main
+from tosakit.compile_job import CompileOptions, compile_model
 from tosakit.runtime import load
 from tosakit.runtime import pools as M
 

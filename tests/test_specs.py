@@ -70,3 +70,33 @@ def test_cli_target_names():
     assert str(compile_spec_for_target("TOSA-1.0+FP").tosa_spec) == "TOSA-1.0+FP"
     with pytest.raises(TosakitError, match="unknown target 'ethos'"):
         compile_spec_for_target("ethos")
+
+
+def test_typed_vela_options_store_the_flags_and_give_the_options_they_read_as():
+    """optimise and arena_cache_size are typed on the spec; the .pte stores them as the flags the CLI glued
+    before, and Vela reads the spec as it reads those stored flags."""
+    from tosakit.backends.ethosu.vela_options import parse_vela_flags, vela_options
+
+    spec = EthosUCompileSpec("ethos-u55-128", extra_flags="--verbose-allocation --optimise=Performance",
+                             optimise="Size", arena_cache_size=4096)
+    stored = {c.key: c.value for c in spec.to_list()}["compile_flags"].decode()
+    assert stored.startswith("--verbose-allocation --optimise=Performance --optimise=Size --arena-cache-size=4096 "
+                             "--accelerator-config=ethos-u55-128 ")
+    assert vela_options(spec) == parse_vela_flags(spec.compiler_flags)
+    assert (vela_options(spec).optimise, vela_options(spec).arena_cache_size) == ("Size", 4096)
+    with pytest.raises(TosakitError, match="invalid value 'Fast' for Vela flag --optimise"):
+        EthosUCompileSpec("ethos-u55-128", optimise="Fast")
+    with pytest.raises(TosakitError, match="only apply to Ethos-U targets"):
+        compile_spec_for_target("vgf", optimise="Size")
+
+
+def test_targets_are_parsed_once_into_records():
+    from tosakit.targets import ETHOSU_TARGETS, parse_target
+
+    u65 = parse_target(" Ethos-U65-512 ")
+    assert (u65.family, u65.macs, u65.cores, u65.macs_per_core, u65.product) == ("u65", 512, 2, 256, "ethos-u65")
+    assert EthosUCompileSpec("ethos-u85-256").npu is ETHOSU_TARGETS["ethos-u85-256"]
+    assert parse_target("vgf").tosa == str(VgfCompileSpec().tosa_spec)
+    assert parse_target("TOSA-1.0+FP").tosa == "TOSA-1.0+FP"
+    with pytest.raises(TosakitError, match="unknown target 'ethos-u99'"):
+        parse_target("ethos-u99")

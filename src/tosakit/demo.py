@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cli import CompileOptions, compile_model, default_output_name, summary
+from .compile_job import CompileOptions, compile_model, default_output_name
+from .report import summary
 
 # (model, target, delegate, quantize): the tutorial's programs
 TUTORIAL = (

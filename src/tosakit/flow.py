@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch.export import ExportedProgram
@@ -34,12 +34,18 @@ def partitioner_for(spec: ArmCompileSpec, additional_checks=None) -> TOSAPartiti
 
 @dataclass
 class Compiled:
-    """Every stage's result: the fake-quantized model, the edge program, the .pte program."""
+    """Every stage's result: the fake-quantized model, the edge program, the .pte program, and the host's
+    verification of it (when asked for)."""
 
     spec: ArmCompileSpec
     quantized: GraphModule | None
     edge: EdgeProgramManager
     program: ExecutorchProgramManager
+    verification: object | None = None  # runtime.verify.VerifyReport
+
+
+# Told each stage's name as it starts: "export", "quantize", "lower", "verify".
+StageCallback = Callable[[str], None]
 
 
 def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompileSpec,
@@ -62,11 +68,15 @@ def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompi
 def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmCompileSpec, *, quantize: bool = False,
             delegate: bool = True, config: QuantizationConfig | None = None,
             calibration: Iterable[tuple] | None = None, additional_checks=None,
-            module_configs: dict[str, QuantizationConfig] | None = None) -> Compiled:
+            module_configs: dict[str, QuantizationConfig] | None = None, progress: StageCallback | None = None,
+            verify_on: tuple | None = None, verify_layers: bool = False) -> Compiled:
     """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program. ``model``
     may be exported already (an ``ExportedProgram``, e.g. of a quantized graph compiled for several targets):
-    it is then lowered as it is."""
+    it is then lowered as it is. ``progress`` is told each stage as it starts; with ``verify_on`` (inputs) the
+    program is run on the host against float PyTorch and the fake-quantized model (per layer with
+    ``verify_layers``)."""
     spec = target if isinstance(target, ArmCompileSpec) else compile_spec_for_target(target)
+    step = progress or (lambda stage: None)
     if isinstance(model, ExportedProgram):
         if quantize:
             raise TosakitError("an exported program cannot be quantized: it is lowered as it is",
@@ -75,9 +85,19 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
     else:
         if not isinstance(model, GraphModule):  # exported modules refuse .eval(); they are already traced
             model = model.eval()
-        quantized = quantize_model(model, example_inputs, spec, config, calibration, module_configs) if quantize \
-            else None
+        step("export")
+        quantized = None
+        if quantize:
+            step("quantize")
+            quantized = quantize_model(model, example_inputs, spec, config, calibration, module_configs)
         ep = export(quantized if quantized is not None else model, example_inputs)
     partitioners = [partitioner_for(spec, additional_checks)] if delegate else []
+    step("lower")
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
-    return Compiled(spec, quantized, edge, edge.to_executorch())
+    compiled = Compiled(spec, quantized, edge, edge.to_executorch())
+    if verify_on is not None:
+        from .runtime.verify import verify
+
+        step("verify")
+        compiled.verification = verify(edge, compiled.program, verify_on, model, quantized, layers=verify_layers)
+    return compiled

@@ -1,4 +1,5 @@
-"""report.html: where every op runs, each delegate's figures, and how far results drift from float."""
+"""The reports of a compile: report.json, report.html, layers.csv and the summary printed on the terminal —
+where every op runs, each delegate's figures, and how far results drift from float."""
 
 from __future__ import annotations
 
@@ -6,10 +7,118 @@ import base64
 import csv
 import html
 import io
+import json
 import math
 from pathlib import Path
 
 from .errors import write_atomic
+
+
+def write_reports(folder: Path, model_name: str, target: str, output: Path, edge, program, verification=None) -> None:
+    """report.json, report.html and (with per-layer verification) layers.csv, in ``folder``."""
+    write_report(folder / "report.json", model_name, target, output, edge, program, verification)
+    if verification is not None and verification.layers:
+        write_layers_csv(folder / "layers.csv", verification.layers)
+    write_html(folder / "report.html", f"{model_name} -> {target}", edge, program, verification)
+
+
+def write_report(path: Path, model_name: str, target: str, output: Path, edge, program, verification=None) -> None:
+    """The delegation report as JSON: where every op runs, and each delegate's figures."""
+    report = {
+        "model": model_name,
+        "target": target,
+        "output": str(output),
+        "pte_bytes": len(program.buffer),
+        "arena_bytes": program.emitted.arena_bytes,
+        "constant_bytes": program.emitted.constant_bytes,
+        "cpu_kernels": program.emitted.kernel_ops,
+        "runner_memory": [m.as_dict() for m in runner_memories(program)],
+        "placements": [vars(p) for p in edge.placements],
+        "delegates": [
+            {**{k: v for k, v in vars(d).items() if k != "report"},
+             "vela": _vela_dict(d.report)} for d in edge.delegates
+        ],
+    }
+    if verification is not None:
+        report["verification"] = {
+            "outputs": [{"index": o.index, "shape": list(o.shape), "vs_float": _plain(o.vs_float),
+                         "vs_fake_quant": _plain(o.vs_fake_quant)} for o in verification.outputs],
+            "layers": [{**{k: v for k, v in vars(lay).items() if k != "vs_float"}, "vs_float": _plain(lay.vs_float),
+                        "matches": lay.matches} for lay in verification.layers],
+            "npu_vs_tosa": [{**vars(c), "bit_exact": c.bit_exact} for c in verification.engines],
+            "npu_error": verification.npu_error,
+            "npu_operations": [vars(r) for r in verification.npu_ops],
+        }
+    write_atomic(path, json.dumps(report, indent=2, default=str).encode())
+
+
+def _plain(agreement) -> dict | None:
+    if agreement is None:
+        return None
+    return {k: (str(v) if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))) else v)
+            for k, v in vars(agreement).items()}
+
+
+def _vela_dict(report) -> dict | None:
+    if report is None:
+        return None
+    fields = ("sram_used_bytes", "offchip_used_bytes", "npu_cycles", "total_cycles", "mac_count", "npu_ops",
+              "cpu_ops", "inference_time_s", "clock_hz", "system_config", "memory_mode", "macs_per_cycle",
+              "mac_utilisation", "ideal_cycles", "bound_by")
+    out = {f: getattr(report, f, None) for f in fields}
+    out["per_op"] = [vars(o) for o in report.per_op]
+    return out
+
+
+def runner_memories(program) -> list:
+    """Each method's RunnerMemory."""
+    from .runtime.pools import runner_memory
+
+    emitted = program.emitted
+    return [runner_memory(emitted.program, emitted.segments, plan) for plan in emitted.program.execution_plan]
+
+
+def summary(output: Path, edge, program, seconds: float) -> str:
+    """What runs where, and Vela's figures, for the terminal."""
+    lines = []
+    compute = [p for p in edge.placements if "quantize" not in p.target]
+    on_cpu = [p for p in edge.placements if p.placement == "cpu"]
+    delegated = sum(1 for p in compute if p.placement == "delegate")
+    lines.append(f"ops: {delegated} of {len(compute)} compute ops delegated; "
+                 f"{len(on_cpu)} op(s) on the CPU")
+    for d in edge.delegates:
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(d.tosa_ops.items(), key=lambda kv: -kv[1]))
+        lines.append(f"delegate {d.name} -> {d.backend_id} ({d.target}): {d.node_count} graph nodes, "
+                     f"payload {d.payload_bytes / 1024:.1f} KiB")
+        lines.append(f"  TOSA: {ops}")
+        if d.report is not None:
+            r = d.report
+            lines.append(f"  Vela: SRAM used {r.sram_used_bytes / 1024:.2f} KiB, off-chip used "
+                         f"{r.offchip_used_bytes / 1024:.2f} KiB, {r.total_cycles:,} cycles estimated "
+                         f"({r.inference_time_s * 1e3:.3f} ms at {r.clock_hz / 1e6:.0f} MHz), "
+                         f"MAC utilisation {100 * r.mac_utilisation:.1f}%, "
+                         f"{r.npu_ops} NPU op(s), {r.cpu_ops} CPU op(s)")
+            if r.bound_by:
+                lines.append("  cycles bound by: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in r.bound_by.items()))
+            if r.memory_hint:
+                lines.append(f"  hint: {r.memory_hint}")
+            if r.memory_mode.startswith("Dedicated_Sram"):  # the SRAM Vela plans is region 2, the runner's to lend
+                lines.append(f"  fast scratch: {r.sram_used_bytes} B of SRAM the runner lends this delegate "
+                             "(ET_ARM_BAREMETAL_FAST_SCRATCH_TEMP_ALLOCATOR_POOL_SIZE)")
+    for p in on_cpu:
+        where = f" [{p.source}]" if p.source else ""
+        lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{where}")
+    if program.emitted.kernel_ops:
+        lines.append(f"CPU kernels: {', '.join(program.emitted.kernel_ops)}")
+    for kind, qs in (edge.io_quantization or {}).items():
+        for i, q in enumerate(qs):
+            if q is not None:
+                lines.append(f"{kind[:-1]} {i}: {str(q.dtype).replace('torch.', '')}, scale {q.s:.9g}, zero point {q.zp}"
+                             " (real = (q - zero point) x scale)")
+    lines += [m.summary() for m in runner_memories(program)]
+    lines.append(f"wrote {output} ({len(program.buffer) / 1024:.1f} KiB; arena {program.emitted.arena_bytes} B) "
+                 f"in {seconds:.1f} s")
+    return "\n".join(lines)
 
 
 def _png(fig) -> str:

@@ -12,8 +12,10 @@ import importlib.util
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .errors import TosakitError, did_you_mean
+from .targets import ETHOSU_TARGETS, VGF_TARGET, Target, parse_target
 
 
 @dataclass(frozen=True)
@@ -90,35 +92,38 @@ class TosaSpecification:
         return "+".join([f"TOSA-{self.version[0]}.{self.version[1]}", *self.profiles, *self.extensions])
 
 
-# ------------------------------------------------------------------------ targets
+# --------------------------------------------------------------------- Vela flags
 
-ETHOSU_TARGETS = {
-    "ethos-u55-32": 32,
-    "ethos-u55-64": 64,
-    "ethos-u55-128": 128,
-    "ethos-u55-256": 256,
-    "ethos-u65-256": 256,
-    "ethos-u65-512": 512,
-    "ethos-u85-128": 128,
-    "ethos-u85-256": 256,
-    "ethos-u85-512": 512,
-    "ethos-u85-1024": 1024,
-    "ethos-u85-2048": 2048,
-}
-TOSA_TARGETS = ("TOSA-1.0+INT", "TOSA-1.0+FP")
-ALL_TARGETS = (*ETHOSU_TARGETS, "vgf", *TOSA_TARGETS)
-
-# Vela's defaults per NPU family, as ExecuTorch's Arm backend sets them.
-_ETHOSU_DEFAULTS = {
-    "ethos-u55": ("Ethos_U55_High_End_Embedded", "Shared_Sram"),
-    "ethos-u65": ("Ethos_U65_High_End", "Dedicated_Sram_384KB"),
-    "ethos-u85": ("Ethos_U85_SYS_DRAM_Mid", "Sram_Only"),
-}
+VELA_INI = "Arm/vela.ini"  # the .ini Vela ships, in its config_files folder
+VELA_GOALS = ("Size", "Performance")  # what --optimise takes
+_ETHOSU_ONLY_HINT = "drop them, or choose an ethos-u55/u65/u85 target"
 
 
-def npu_family(target: str) -> str:
-    """'ethos-u55-128' -> 'ethos-u55'."""
-    return target.rsplit("-", 1)[0]
+def _invalid(flag: str, value: str, hint: str) -> TosakitError:
+    return TosakitError(f"invalid value {value!r} for Vela flag {flag}", hint)
+
+
+def flag_choice(flag: str, value: str, choices) -> str:
+    """``value`` if it is one of ``choices``; else an error naming the Vela flag and the choices."""
+    if value not in choices:
+        raise _invalid(flag, value, did_you_mean(value, choices))
+    return value
+
+
+def flag_number(flag: str, value: str, kind: type, valid: Callable[[float], bool], rule: str):
+    """``value`` read as a ``kind`` (int or float) that is ``valid``; else an error saying the ``rule``."""
+    try:
+        number = kind(value)
+    except ValueError:
+        number = None
+    if number is None or not valid(number):
+        raise _invalid(flag, value, f"it must be {rule}")
+    return number
+
+
+def read_arena_cache_size(value: str) -> int:
+    """A ``--arena-cache-size`` value: bytes, at least 0."""
+    return flag_number("--arena-cache-size", value, int, lambda n: n >= 0, "a size in bytes (>= 0)")
 
 
 def _vela_config_dir() -> Path | None:
@@ -247,7 +252,7 @@ class VgfCompileSpec(ArmCompileSpec):
 
     def __init__(self, tosa_spec: TosaSpecification | str | None = None, compiler_flags: list[str] | None = None):
         if tosa_spec is None:
-            tosa_spec = "TOSA-1.0+FP+INT+int4+int16"
+            tosa_spec = VGF_TARGET.tosa
         if isinstance(tosa_spec, str):
             tosa_spec = TosaSpecification.create_from_string(tosa_spec)
         super().__init__(tosa_spec=tosa_spec, compiler_flags=_as_flag_list(compiler_flags))
@@ -269,17 +274,18 @@ class EthosUCompileSpec(ArmCompileSpec):
         system_config: str | None = None,
         memory_mode: str | None = None,
         extra_flags: list[str] | str | None = None,
-        config_ini: str | None = "Arm/vela.ini",
+        config_ini: str | None = VELA_INI,
+        optimise: str | None = None,
+        arena_cache_size: int | None = None,
     ):
         target = target.strip().lower()
         if target not in ETHOSU_TARGETS:
             raise TosakitError(f"unknown Ethos-U target {target!r}", did_you_mean(target, ETHOSU_TARGETS))
-        family = npu_family(target)
-        default_system, default_mode = _ETHOSU_DEFAULTS[family]
-        config_ini = config_ini or "Arm/vela.ini"
+        npu = ETHOSU_TARGETS[target]
+        config_ini = config_ini or VELA_INI
         systems, modes = vela_config_sections(config_ini)
-        system_config = system_config or default_system
-        memory_mode = memory_mode or default_mode
+        system_config = system_config or npu.system_config
+        memory_mode = memory_mode or npu.memory_mode
         if system_config not in systems:
             raise TosakitError(
                 f"unknown system config {system_config!r} (not in {config_ini})", did_you_mean(system_config, systems)
@@ -288,37 +294,44 @@ class EthosUCompileSpec(ArmCompileSpec):
             raise TosakitError(
                 f"unknown memory mode {memory_mode!r} (not in {config_ini})", did_you_mean(memory_mode, modes)
             )
-        if family == "ethos-u55" and memory_mode.startswith("Dedicated_Sram"):
+        if npu.family == "u55" and memory_mode.startswith("Dedicated_Sram"):
             raise TosakitError(
                 f"memory mode {memory_mode!r} is not available on {target}",
                 "Ethos-U55 has no dedicated SRAM interface: use Shared_Sram or Sram_Only",
             )
-        prefix = family.replace("-", "_")
+        prefix = npu.product.replace("-", "_")
         if system_config.lower().startswith("ethos_u") and not system_config.lower().startswith(prefix):
             expected = [s for s in systems if s.lower().startswith(prefix)]
             raise TosakitError(
                 f"system config {system_config!r} is not for {target}",
-                f"choose one made for {family}: {', '.join(expected)}",
+                f"choose one made for {npu.product}: {', '.join(expected)}",
             )
         self.target = target
+        self.npu: Target = npu
         self.system_config = system_config
         self.memory_mode = memory_mode
         self.config_ini = config_ini
         self.extra_flags = _as_flag_list(extra_flags)
-        flags = [
+        self.optimise = flag_choice("--optimise", optimise, VELA_GOALS) if optimise else None
+        self.arena_cache_size = None if arena_cache_size is None else read_arena_cache_size(str(arena_cache_size))
+        super().__init__(tosa_spec=TosaSpecification.create_from_string(npu.tosa), compiler_flags=self._vela_flags())
+
+    def _vela_flags(self) -> list[str]:
+        """The Vela flags stored in the .pte: the extra ones, the typed options, then the target's."""
+        return [
             *self.extra_flags,
-            f"--accelerator-config={target}",
-            f"--config={config_ini}",
+            *([f"--optimise={self.optimise}"] if self.optimise else []),
+            *([f"--arena-cache-size={self.arena_cache_size}"] if self.arena_cache_size is not None else []),
+            f"--accelerator-config={self.target}",
+            f"--config={self.config_ini}",
             "--output-format=raw",
-            f"--system-config={system_config}",
-            f"--memory-mode={memory_mode}",
+            f"--system-config={self.system_config}",
+            f"--memory-mode={self.memory_mode}",
         ]
-        tosa = "TOSA-1.0+INT+int16+int4" + ("+cf" if family == "ethos-u85" else "+u55")
-        super().__init__(tosa_spec=TosaSpecification.create_from_string(tosa), compiler_flags=flags)
 
     @property
     def macs(self) -> int:
-        return ETHOSU_TARGETS[self.target]
+        return self.npu.macs
 
     @property
     def target_name(self) -> str:
@@ -349,21 +362,25 @@ def compile_spec_for_target(
     memory_mode: str | None = None,
     extra_flags: list[str] | str | None = None,
     config_ini: str | None = None,
+    optimise: str | None = None,
+    arena_cache_size: int | None = None,
 ) -> ArmCompileSpec:
-    """The compile spec for a CLI target name (ethos-u*, vgf, TOSA-1.0+INT/FP)."""
-    name = target.strip()
-    if name.lower() in ETHOSU_TARGETS:
-        return EthosUCompileSpec(name, system_config, memory_mode, extra_flags, config_ini or "Arm/vela.ini")
+    """The compile spec for a CLI target name (ethos-u*, vgf, TOSA-1.0+INT/FP); the Vela options are for
+    Ethos-U targets only."""
+    record = ETHOSU_TARGETS.get(target.strip().lower())
+    if record is not None:
+        return EthosUCompileSpec(record.name, system_config, memory_mode, extra_flags, config_ini, optimise,
+                                 arena_cache_size)
     if system_config or memory_mode:
         raise TosakitError(
-            f"--system_config/--memory_mode only apply to Ethos-U targets, not {target!r}",
-            "drop them, or choose an ethos-u55/u65/u85 target",
-        )
-    if name.lower() == "vgf":
+            f"--system_config/--memory_mode only apply to Ethos-U targets, not {target!r}", _ETHOSU_ONLY_HINT)
+    if optimise or arena_cache_size is not None:
+        raise TosakitError(f"--optimise/--arena-cache-size only apply to Ethos-U targets, not {target!r}",
+                           _ETHOSU_ONLY_HINT)
+    record = parse_target(target)
+    if record.name == "vgf":
         return VgfCompileSpec(compiler_flags=extra_flags)
-    if name.upper().startswith("TOSA-"):
-        return TosaCompileSpec(name)
-    raise TosakitError(f"unknown target {target!r}", did_you_mean(name, ALL_TARGETS))
+    return TosaCompileSpec(record.tosa)
 
 
 class ArmCompileSpecBuilder:
@@ -373,7 +390,7 @@ class ArmCompileSpecBuilder:
         self._spec: ArmCompileSpec | None = None
         self._intermediates: str | None = None
 
-    def ethosu_compile_spec(self, target, system_config=None, memory_mode=None, extra_flags=None, config_ini="Arm/vela.ini"):
+    def ethosu_compile_spec(self, target, system_config=None, memory_mode=None, extra_flags=None, config_ini=VELA_INI):
         self._spec = EthosUCompileSpec(target, system_config, memory_mode, extra_flags, config_ini)
         return self
 
@@ -396,7 +413,7 @@ class ArmCompileSpecBuilder:
         return self._spec.dump_intermediate_artifacts_to(self._intermediates) if self._intermediates else self._spec
 
 
-def generate_ethosu_compile_spec(target, system_config=None, memory_mode=None, extra_flags=None, config_ini="Arm/vela.ini"):
+def generate_ethosu_compile_spec(target, system_config=None, memory_mode=None, extra_flags=None, config_ini=VELA_INI):
     """Older helper: the same as ``EthosUCompileSpec(...)``."""
     return EthosUCompileSpec(target, system_config, memory_mode, extra_flags, config_ini)
 

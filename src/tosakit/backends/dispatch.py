@@ -1,95 +1,25 @@
-"""Dispatch: turn a partition's TOSA into the payload its backend stores in the .pte.
-
-``preprocess(backend_id, lowered, spec)`` dispatches to ``TOSABackend``,
-``EthosUBackend`` (Vela) or ``VgfBackend`` (model-converter).
-"""
+"""Dispatch: every backend loaded, a tagged partition lowered to TOSA and compiled by its backend."""
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Callable
 
 from torch.fx import GraphModule
 
-from ..errors import TosakitError
-from ..lower import ChooseForm, LoweredGraph, lower_partition
 from ..partition.partitioner import extract_subgraph
 from ..specs import ArmCompileSpec
-
-
-@dataclass
-class PreprocessResult:
-    """A delegate's processed bytes, its compiler report, and files worth keeping (-i)."""
-
-    processed_bytes: bytes
-    report: object | None = None
-    artifacts: dict[str, bytes] = field(default_factory=dict)
-
-
-@dataclass
-class PreparedDelegate:
-    """A partition lowered and compiled: the graph it replaces, its TOSA, and the backend's result."""
-
-    original: GraphModule
-    lowered: LoweredGraph
-    result: PreprocessResult
-
-
-Preprocess = Callable[[LoweredGraph, ArmCompileSpec], PreprocessResult]
-BACKENDS: dict[str, Preprocess] = {}
-FORM_CHOICE: dict[str, Callable[[ArmCompileSpec], ChooseForm]] = {}
-
-
-def backend(backend_id: str):
-    """Register a backend's preprocess function under its runtime id."""
-
-    def register(fn: Preprocess) -> Preprocess:
-        BACKENDS[backend_id] = fn
-        return fn
-
-    return register
-
-
-def form_choice(backend_id: str):
-    """Register how a backend picks among equivalent lowerings (``lower.transpose``) for a compile spec."""
-
-    def register(fn: Callable[[ArmCompileSpec], ChooseForm]):
-        FORM_CHOICE[backend_id] = fn
-        return fn
-
-    return register
-
-
-def lower_for(gm: GraphModule, spec: ArmCompileSpec) -> LoweredGraph:
-    """Lower a partition to TOSA in the forms ``spec``'s backend compiles best."""
-    _load_all()
-    choice = FORM_CHOICE.get(spec.backend_id)
-    return lower_partition(gm, spec.tosa_spec, choose=choice(spec) if choice else None)
-
-
-def preprocess(backend_id: str, lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
-    """Compile a lowered partition for ``backend_id``."""
-    _load_all()
-    try:
-        fn = BACKENDS[backend_id]
-    except KeyError:
-        raise TosakitError(f"unknown backend {backend_id!r}", f"known backends: {', '.join(sorted(BACKENDS))}") from None
-    return fn(lowered, spec)
+from .registry import PreparedDelegate, compile_lowered, lower_for
 
 
 def prepare_delegate(gm: GraphModule, tag: str, spec: ArmCompileSpec) -> PreparedDelegate:
     """Lower the nodes tagged ``tag`` to TOSA and compile them for ``spec``'s backend."""
+    load_backends()
     sub = extract_subgraph(gm, tag)
     original = copy.deepcopy(sub.graph_module)
     return compile_lowered(original, lower_for(sub.graph_module, spec), spec)
 
 
-def compile_lowered(original: GraphModule, lowered: LoweredGraph, spec: ArmCompileSpec) -> PreparedDelegate:
-    """Compile an already lowered partition (``original``: the graph it replaces) for ``spec``'s backend."""
-    return PreparedDelegate(original, lowered, preprocess(spec.backend_id, lowered, spec))
-
-
-def _load_all() -> None:
-    from . import tosa, vgf  # noqa: F401  (each registers itself)
+def load_backends() -> None:
+    """Import every backend, so each registers itself (on first use: Vela is slow to import)."""
+    from . import tosa, vgf  # noqa: F401
     from .ethosu import backend  # noqa: F401

@@ -53,9 +53,6 @@ class PartitionResult:
     # work a backend already did while validating a partition (lowering, compiling), reused later
     prepared: dict[str, object] = field(default_factory=dict)
 
-    def cpu_nodes(self) -> list[NodePlacement]:
-        return [p for p in self.placements if p.placement == "cpu"]
-
 
 class _Supported(OperatorSupportBase):
     def __init__(self, nodes: set[Node]):

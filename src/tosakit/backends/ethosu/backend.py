@@ -17,10 +17,12 @@ from ...partition import PartitionResult
 from ...partition.partitioner import extract_subgraph
 from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
-from ..dispatch import PreprocessResult, backend, compile_lowered, form_choice, lower_for
+from ..registry import PreprocessResult, backend, compile_lowered, form_choice, lower_for
 from .payload import EthosUPayload, pack_payload, parse_payload
 from .support import limits_for
 from .vela import VelaRefusal, VelaReport, VelaResult, compile_tosa
+
+REPORT_HINT = "report this model to tosakit"
 
 __all__ = ["EthosUPartitioner", "EthosUPayload", "VelaReport", "VelaResult", "compile_tosa", "fastest_form",
            "pack_payload", "parse_payload"]
@@ -56,7 +58,7 @@ def preprocess(lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
     if (len(result.inputs), len(result.outputs)) != (len(lowered.inputs), len(lowered.outputs)):
         raise TosakitError(
             f"Vela changed the delegate's I/O: {len(result.inputs)}/{len(result.outputs)} tensors for a graph with "
-            f"{len(lowered.inputs)}/{len(lowered.outputs)}", "report this model to tosakit")
+            f"{len(lowered.inputs)}/{len(lowered.outputs)}", REPORT_HINT)
     return PreprocessResult(pack_payload(result), result.report,
                             {"tosa": lowered.tosa, "vela.npz": raw_npz(result),
                              "vela_summary.txt": result.report.summary().encode()})
@@ -127,7 +129,7 @@ class EthosUPartitioner(TOSAPartitioner):
                 return result
             self._refused.update(refused)
         raise TosakitError(f"partitioning for {self.compile_spec.target} did not settle after {self.MAX_ROUNDS} rounds",
-                           "report this model to tosakit")
+                           REPORT_HINT)
 
     def _validate(self, result: PartitionResult) -> dict[str, str]:
         """Lower and compile each partition; the nodes Vela's limits (or Vela) refuse, with reasons."""

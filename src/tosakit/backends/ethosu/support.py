@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ...lower.tosa_graph import DType, EmittedOp, is_float
+from ...targets import ETHOSU_TARGETS
 
 Check = Callable[[EmittedOp], "str | None"]
 
@@ -285,4 +286,4 @@ U85 = TargetLimits(
 
 def limits_for(target: str) -> TargetLimits:
     """The limits table of an Ethos-U target name."""
-    return U85 if "u85" in target else U55_U65
+    return U85 if ETHOSU_TARGETS[target].family == "u85" else U55_U65

@@ -1,26 +1,26 @@
 """Compile TOSA for Arm Ethos-U with Vela's C++ core (``ethosu.regor``), in process.
 
-``compile_tosa`` reads the Vela flags of an ``EthosUCompileSpec`` the way the
-``vela`` command line does, hands the TOSA bytes to ``regor.compile`` and
+``compile_tosa`` takes the Vela options of an ``EthosUCompileSpec`` (``vela_options``),
+hands the TOSA bytes to ``regor.compile`` and
 returns what the delegate payload needs (command stream, weights, scratch
 sizes, I/O placement) with Vela's performance estimate.
 """
 
 from __future__ import annotations
 
-import configparser
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ethosu import regor
 from tosa.Op import Op
 from tosa.TosaGraph import TosaGraph
 
-from ...errors import TosakitError, did_you_mean
+from ...errors import TosakitError
 from ...native import captured_output
-from ...specs import ETHOSU_TARGETS, EthosUCompileSpec, npu_family, resolve_vela_config
+from ...specs import EthosUCompileSpec
+from .vela_options import (VelaConfig, VelaOptions, arena_size_limit, options_text, parse_vela_flags, regor_arch,
+                           system_text, vela_options)
 
 VELA_SHAPE_DIMS = 6
 
@@ -138,239 +138,6 @@ class VelaResult:
     report: VelaReport
 
 
-# ----------------------------------------------------------------------- flags
-
-
-@dataclass
-class VelaOptions:
-    """The Vela flags tosakit understands, after parsing."""
-
-    accelerator: str | None = None
-    configs: list[str] = field(default_factory=list)
-    system_config: str | None = None
-    memory_mode: str | None = None
-    optimise: str = "Performance"
-    arena_cache_size: int | None = None
-    cpu_tensor_alignment: int = 16
-    tensor_allocator: str = "HillClimb"
-    cop_format: str = "COP1"
-    softmax_int16_neg_exp_range: float = 10.0
-    disabled_features: list[str] = field(default_factory=list)
-    verbose: list[tuple[str, str]] = field(default_factory=list)  # (regor section, key)
-
-
-# Verbose flags regor acts on: flag -> (options section, key). Its text is echoed to stdout.
-_REGOR_VERBOSE = {
-    "--verbose-graph": ("graph", "verbose"),
-    "--verbose-quantization": ("graph", "verbose_quantization"),
-    "--verbose-schedule": ("scheduler", "verbose"),
-    "--verbose-allocation": ("scheduler", "verbose_allocation"),
-    "--verbose-high-level-command-stream": ("compiler", "verbose_high_level_command_stream"),
-    "--verbose-register-command-stream": ("compiler", "verbose_register_command_stream"),
-}
-# Flags that only change what the vela CLI prints or writes: the report already holds that data.
-_ACCEPTED_NO_OP = (
-    "--verbose-config", "--verbose-packing", "--verbose-tensor-purpose", "--verbose-tensor-format",
-    "--verbose-operators", "--verbose-weights", "--verbose-cycle-estimate", "--verbose-performance",
-    "--verbose-progress", "--show-cpu-operations", "--enable-debug-db", "--debug-force-regor", "--timing",
-)
-_DISABLE_FEATURES = {
-    "--disable-chaining": "Grouping",
-    "--disable-fwd": "FWD",
-    "--disable-cascading": "Cascading",
-    "--disable-buffering": "WeightBuffering",
-    "--disable-ifm-reuse": "ReuseIFM",
-}
-
-
-def _choice(flag: str, value: str, choices) -> str:
-    if value not in choices:
-        raise TosakitError(f"invalid value {value!r} for Vela flag {flag}", did_you_mean(value, choices))
-    return value
-
-
-def _number(flag: str, value: str, kind: type, valid: Callable[[float], bool], rule: str):
-    try:
-        number = kind(value)
-    except ValueError:
-        number = None
-    if number is None or not valid(number):
-        raise TosakitError(f"invalid value {value!r} for Vela flag {flag}", f"it must be {rule}")
-    return number
-
-
-def _set(name: str, convert: Callable[[str, str], object]) -> Callable[[VelaOptions, str, str], None]:
-    return lambda opts, flag, value: setattr(opts, name, convert(flag, value))
-
-
-_VALUE_FLAGS: dict[str, Callable[[VelaOptions, str, str], None]] = {
-    "--accelerator-config": _set("accelerator", lambda f, v: _choice(f, v.lower(), ETHOSU_TARGETS)),
-    "--config": lambda opts, flag, value: opts.configs.append(value),
-    "--system-config": _set("system_config", lambda f, v: v),
-    "--memory-mode": _set("memory_mode", lambda f, v: v),
-    "--output-format": lambda opts, flag, value: _choice(flag, value, ("raw",)),
-    "--optimise": _set("optimise", lambda f, v: _choice(f, v, ("Size", "Performance"))),
-    "--arena-cache-size": _set(
-        "arena_cache_size", lambda f, v: _number(f, v, int, lambda n: n >= 0, "a size in bytes (>= 0)")),
-    "--cpu-tensor-alignment": _set("cpu_tensor_alignment", lambda f, v: _number(
-        f, v, int, lambda n: n >= 16 and n & (n - 1) == 0, "a power of 2, at least 16")),
-    "--tensor-allocator": _set(
-        "tensor_allocator", lambda f, v: _choice(f, v, ("LinearAlloc", "Greedy", "HillClimb"))),
-    "--cop-format": _set("cop_format", lambda f, v: _choice(f, v, ("COP1", "COP2"))),
-    "--experimental-softmax-int16-neg-exp-range": _set("softmax_int16_neg_exp_range", lambda f, v: _number(
-        f, v, float, lambda x: 0 < x < 65535, "a number between 0 and 65535 (exclusive)")),
-}
-
-
-def _switch(opts: VelaOptions, flag: str) -> None:
-    if flag == "--verbose-all":
-        opts.verbose.extend(_REGOR_VERBOSE.values())
-    elif flag in _REGOR_VERBOSE:
-        opts.verbose.append(_REGOR_VERBOSE[flag])
-    elif flag in _DISABLE_FEATURES:
-        opts.disabled_features.append(_DISABLE_FEATURES[flag])
-
-
-_SWITCH_FLAGS = ("--verbose-all", *_REGOR_VERBOSE, *_ACCEPTED_NO_OP, *_DISABLE_FEATURES)
-SUPPORTED_VELA_FLAGS = tuple(sorted((*_VALUE_FLAGS, *_SWITCH_FLAGS)))
-
-
-def _unsupported(token: str) -> TosakitError:
-    return TosakitError(
-        f"Vela flag {token!r} is not supported by tosakit",
-        f"supported flags: {', '.join(SUPPORTED_VELA_FLAGS)}",
-    )
-
-
-def parse_vela_flags(flags: list[str]) -> VelaOptions:
-    """Read Vela command-line flags (``--flag=value`` or ``--flag value``); later ones win."""
-    opts = VelaOptions()
-    tokens = iter(flags)
-    for token in tokens:
-        flag, has_value, value = token.partition("=")
-        if flag in _VALUE_FLAGS:
-            if not has_value:
-                value = next(tokens, None)
-                if value is None or value.startswith("--"):
-                    raise TosakitError(f"Vela flag {flag} needs a value", f"write {flag}=VALUE")
-            _VALUE_FLAGS[flag](opts, flag, value)
-        elif flag in _SWITCH_FLAGS:
-            if has_value:
-                raise TosakitError(f"Vela flag {flag} takes no value (got {token!r})", f"write just {flag}")
-            _switch(opts, flag)
-        else:
-            raise _unsupported(token)
-    for name, flag in (("accelerator", "--accelerator-config"), ("system_config", "--system-config"),
-                       ("memory_mode", "--memory-mode")):
-        if getattr(opts, name) is None:
-            raise TosakitError(f"the Vela flags name no {flag}", "build the flags with EthosUCompileSpec")
-    return opts
-
-
-# ---------------------------------------------------------------- vela config
-
-
-class _VelaConfig:
-    """The selected system config and memory mode of one or more Vela .ini files."""
-
-    def __init__(self, opts: VelaOptions):
-        self.paths = [resolve_vela_config(c) for c in (opts.configs or ["Arm/vela.ini"])]
-        self.parser = configparser.ConfigParser()
-        self.parser.read(self.paths)
-        self.system = self._section("System_Config", opts.system_config)
-        self.mode = self._section("Memory_Mode", opts.memory_mode)
-        self.clock_hz = self.number(self.system, "core_clock", 1.0, float, 1.0, "a frequency in Hz, like 500e6")
-
-    def _section(self, kind: str, name: str) -> str:
-        section = f"{kind}.{name}"
-        if not self.parser.has_section(section):
-            names = [s.split(".", 1)[1] for s in self.parser.sections() if s.startswith(kind + ".")]
-            raise TosakitError(f"Vela config has no {kind} {name!r}", did_you_mean(name, names))
-        return section
-
-    def get(self, section: str, key: str, default: str) -> str:
-        """A key of a section, following Vela's ``inherit=`` chains."""
-        seen = []
-        while section not in seen:
-            seen.append(section)
-            if self.parser.has_option(section, key):
-                return self.parser.get(section, key)
-            if not self.parser.has_option(section, "inherit"):
-                break
-            section = self.parser.get(section, "inherit")
-        return default
-
-    def text(self) -> str:
-        """All the .ini files, one after the other, as regor reads them."""
-        return "".join(p.read_text(encoding="utf-8") for p in self.paths)
-
-    def number(self, section: str, key: str, default: float, kind: type, minimum: float, rule: str):
-        """A numeric key, parsed with ``kind`` (int or float), at least ``minimum``."""
-        text = self.get(section, key, str(default))
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise TosakitError(f"{key}={text!r} in [{section}] of the Vela config is invalid", f"write {rule}")
-        return value
-
-    def read_only_shares_sram(self) -> bool:
-        """True when Vela treats the constant area as on-chip flash (Sram_Only-like modes)."""
-        ports = {"Axi0": self.get(self.system, "axi0_port", "Sram"),
-                 "Axi1": self.get(self.system, "axi1_port", "Sram")}
-        areas = [self.get(self.mode, f"{kind}_mem_area", "Axi0") for kind in ("const", "arena", "cache")]
-        const = ports.get(areas[0])
-        return const == "OnChipFlash" or (const == "Sram" and len(set(areas)) == 1)
-
-
-def _regor_arch(target: str) -> tuple[str, int, int]:
-    """Regor's accelerator name, MACs per cycle and core count for a Vela target."""
-    family = npu_family(target)
-    name = "".join(part.capitalize() for part in family.split("-"))
-    if target == "ethos-u65-512":
-        return name, 256, 2
-    return name, ETHOSU_TARGETS[target], 1
-
-
-def _arena_size_limit(opts: VelaOptions, config: _VelaConfig) -> int:
-    address_bits = 32 if npu_family(opts.accelerator) == "ethos-u55" else 40
-    limit = opts.arena_cache_size
-    if limit is None:
-        limit = config.number(config.mode, "arena_cache_size", 1 << address_bits, int, 0, "a size in bytes")
-    if limit > 1 << address_bits:
-        raise TosakitError(
-            f"arena cache size {limit} is larger than {opts.accelerator} can address",
-            f"use at most {1 << address_bits} bytes",
-        )
-    return limit
-
-
-def _system_text(opts: VelaOptions, config: _VelaConfig) -> str:
-    _, macs, cores = _regor_arch(opts.accelerator)
-    head = (f"[architecture]\nmacs={macs}\ncores={cores}\n"
-            f"[vela]\nsystem_config_name={opts.system_config}\nmemory_mode_name={opts.memory_mode}\n")
-    return head + config.text()
-
-
-def _options_text(opts: VelaOptions, config: _VelaConfig) -> str:
-    sections = {
-        # The optimisation database is always on: it feeds the per-operator report.
-        "compiler": ["enable_db=true", "output_format=Raw", f"cop_format={opts.cop_format}"],
-        "scheduler": [
-            f"optimize={opts.optimise}",
-            f"arena_size_limit={_arena_size_limit(opts, config)}",
-            "disable_feature=" + "|".join(dict.fromkeys(opts.disabled_features)),
-            f"cpu_tensor_alignment={opts.cpu_tensor_alignment}",
-            f"tensor_allocator={opts.tensor_allocator}",
-        ],
-        "graph": [f"softmax_int16_neg_exp_range={opts.softmax_int16_neg_exp_range}"],
-    }
-    for section, key in dict.fromkeys(opts.verbose):
-        sections[section].append(f"{key}=true")
-    return "".join(f"\n[{name}]\n" + "".join(line + "\n" for line in lines) for name, lines in sections.items())
-
-
 # -------------------------------------------------------------- regor call
 
 def _tosa_blocks(tosa: bytes) -> list[list[str]]:
@@ -427,10 +194,10 @@ def _compile_error(message: str, tosa: bytes, opts: VelaOptions, printed: str) -
     )
 
 
-def _run_regor(tosa: bytes, opts: VelaOptions, config: _VelaConfig, listing: list[str] | None = None):
+def _run_regor(tosa: bytes, opts: VelaOptions, config: VelaConfig, listing: list[str] | None = None):
     """regor's compiled model; what it printed is echoed for the verbose flags, or appended to ``listing``."""
-    name, _, _ = _regor_arch(opts.accelerator)
-    system, options = _system_text(opts, config), _options_text(opts, config)
+    name, _, _ = regor_arch(opts.npu)
+    system, options = system_text(opts, config), options_text(opts, config)
     with captured_output() as printed:
         try:
             model = regor.compile(name, tosa, "TOSA", system, options=options, verbose=bool(opts.verbose))
@@ -451,7 +218,7 @@ def _run_regor(tosa: bytes, opts: VelaOptions, config: _VelaConfig, listing: lis
 _MEMORY_LABELS = {"sram": "SRAM", "dram": "DRAM", "onchipflash": "On-chip Flash", "offchipflash": "Off-chip Flash"}
 
 
-def _memory_figures(perf, config: _VelaConfig) -> tuple[dict[str, int], dict[str, int]]:
+def _memory_figures(perf, config: VelaConfig) -> tuple[dict[str, int], dict[str, int]]:
     """Peak usage and access cycles per memory, with Vela's split of shared SRAM."""
     used, cycles = {}, {}
     for name, memory in perf.memories.items():
@@ -508,9 +275,9 @@ def _bound_by(row: dict[str, str], cycles: int) -> str:
     return memory if memory is not None and npu < cycles and access[memory] > npu else "NPU"
 
 
-def _report(model, tosa: bytes, opts: VelaOptions, config: _VelaConfig) -> VelaReport:
+def _report(model, tosa: bytes, opts: VelaOptions, config: VelaConfig) -> VelaReport:
     perf = model.perf_report
-    _, macs, cores = _regor_arch(opts.accelerator)
+    _, macs, cores = regor_arch(opts.npu)
     used, cycles = _memory_figures(perf, config)
     return VelaReport(
         target=opts.accelerator,
@@ -550,14 +317,14 @@ def _check_all_on_npu(report: VelaReport) -> None:
     )
 
 
-def _check_sram(report: VelaReport, opts: VelaOptions, config: _VelaConfig) -> None:
+def _check_sram(report: VelaReport, opts: VelaOptions, config: VelaConfig) -> None:
     """Vela overruns a too-small arena cache silently; a program that needs more SRAM than the memory mode
     gives it cannot run, so say so."""
-    limit = _arena_size_limit(opts, config)
+    limit = arena_size_limit(opts, config)
     if report.sram_used_bytes <= limit:
         return
     advice = [] if opts.optimise == "Size" else ["--optimise Size (trades cycles for SRAM)"]
-    if npu_family(opts.accelerator) != "ethos-u55" and not opts.memory_mode.startswith("Dedicated_Sram"):
+    if opts.npu.family != "u55" and not opts.memory_mode.startswith("Dedicated_Sram"):
         advice.insert(0, "memory mode Dedicated_Sram (the arena in DRAM, SRAM as its cache)")
     advice.append("a larger --arena-cache-size, if the device has the SRAM")
     raise TosakitError(
@@ -567,13 +334,13 @@ def _check_sram(report: VelaReport, opts: VelaOptions, config: _VelaConfig) -> N
 
 
 def compile_tosa(tosa: bytes, spec: EthosUCompileSpec) -> VelaResult:
-    """Compile a TOSA 1.0 flatbuffer with Vela, honouring ``spec.compiler_flags``."""
+    """Compile a TOSA 1.0 flatbuffer with Vela, as ``spec``'s options say."""
     tosa = bytes(tosa)
     if len(tosa) < 8 or tosa[4:8] != b"TOSA":
         raise TosakitError("the bytes given to Vela are not a TOSA flatbuffer (no 'TOSA' identifier)",
                            "pass the output of the TOSA serializer")
-    opts = parse_vela_flags(list(spec.compiler_flags))
-    config = _VelaConfig(opts)
+    opts = vela_options(spec)
+    config = VelaConfig(opts)
     model = _run_regor(tosa, opts, config)
     report = _report(model, tosa, opts, config)
     _check_all_on_npu(report)
@@ -633,7 +400,7 @@ def operation_map(tosa: bytes, flags: list[str], cmd_data: bytes) -> OperationMa
     agree on the operator, else ``why`` says what did not."""
     opts = parse_vela_flags(list(flags) + ["--verbose-high-level-command-stream"])
     printed: list[str] = []
-    model = _run_regor(bytes(tosa), opts, _VelaConfig(opts), printed)
+    model = _run_regor(bytes(tosa), opts, VelaConfig(opts), printed)
     if bytes(model.command_stream) != bytes(cmd_data):
         return OperationMap([], "Vela compiled the TOSA again into another command stream than the payload's")
     ops, commands, section = [], [], None

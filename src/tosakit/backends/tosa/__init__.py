@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...lower import LoweredGraph
 from ...specs import ArmCompileSpec
-from ..dispatch import PreprocessResult, backend
+from ..registry import PreprocessResult, backend
 
 
 @backend("TOSABackend")

@@ -12,7 +12,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from ...errors import TosakitError
 from ...lower import LoweredGraph, TOSAPartitioner
 from ...specs import ArmCompileSpec, VgfCompileSpec, require_spec
-from ..dispatch import PreprocessResult, backend
+from ..registry import PreprocessResult, backend
 
 
 def model_converter() -> Path:

@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 
 from ...errors import TosakitError
-from ...specs import ETHOSU_TARGETS
+from ...targets import ETHOSU_TARGETS
 from .registers import Field, Register, register_map
 
 FOURCC = b"COP1"

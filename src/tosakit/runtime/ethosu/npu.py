@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ...errors import TosakitError
+from ...targets import ETHOSU_TARGETS
 from . import numerics
 from .commands import NotSimulatedError
 from .featuremap import FeatureMap, Registers
@@ -47,7 +48,7 @@ class Npu:
         self.regs = Registers(register_map)
         self.memory = memory
         self.accelerator = accelerator
-        self.u85 = accelerator.startswith("ethos-u85")
+        self.u85 = ETHOSU_TARGETS[accelerator].family == "u85"
         # Internal memory DMA fills LUT slots of: SHRAM's last 2 KiB on U55/U65, the 2 KiB LUT RAM on U85.
         self.shram = np.zeros(max(shram_bytes, LUT_BYTES), np.uint8)
         self.lut_written = np.zeros(LUT_BYTES, bool)
@@ -371,7 +372,7 @@ def _finish(npu: Npu, acc: np.ndarray, scale_stream: bool) -> None:
 
 def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarray:
     if npu.u85:
-        macs = int(npu.accelerator.rsplit("-", 1)[1])
+        macs = ETHOSU_TARGETS[npu.accelerator].macs
         layout = U85Layout.of(npu.regs, depthwise, macs)
         streams, fwd = weight_streams_u85(npu.regs, npu.memory.read_bytes, layout.cores)
         return decode_weights_u85(streams, layout, fwd, npu.deadline)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import TosakitError, did_you_mean
-from ...specs import ETHOSU_TARGETS, npu_family
+from ...targets import ETHOSU_TARGETS
 
 CMD1 = 0x4000  # the control bits (14..15) of a command code: 1 = cmd1, a data word follows
 
@@ -351,7 +351,7 @@ def _map(table, enums: dict) -> dict[int, Register]:
 U55: dict[int, Register] = _map(_COMMON_TABLE + _U55_TABLE, _U55_ENUMS)  # Ethos-U55 and Ethos-U65
 U85: dict[int, Register] = _map(_COMMON_TABLE + _U85_TABLE, _U85_ENUMS)
 
-_MAPS = {"ethos-u55": U55, "ethos-u65": U55, "ethos-u85": U85}
+_MAPS = {"u55": U55, "u65": U55, "u85": U85}
 
 
 def register_map(accelerator: str) -> dict[int, Register]:
@@ -359,5 +359,4 @@ def register_map(accelerator: str) -> dict[int, Register]:
     target = accelerator.strip().lower()
     if target not in ETHOSU_TARGETS:
         raise TosakitError(f"unknown Ethos-U accelerator {accelerator!r}", did_you_mean(target, ETHOSU_TARGETS))
-    family = npu_family(target)
-    return _MAPS[family]
+    return _MAPS[ETHOSU_TARGETS[target].family]

@@ -1,0 +1,251 @@
+"""The ``tosakit`` subcommands: each takes the parsed flags, runs what they ask for, and prints it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .errors import TosakitError
+
+
+def cmd_compile(args) -> int:
+    """Compile a model to a .pte; print what runs where, the calibration and the verification."""
+    from .compile_job import CompileOptions, compile_model
+    from .report import summary
+
+    opts = CompileOptions(
+        model_name=args.model_name, target=args.target, delegate=args.delegate, quantize=args.quantize,
+        system_config=args.system_config, memory_mode=args.memory_mode, config_ini=args.config_ini,
+        extra_flags=args.extra_flags, optimise=args.optimise, arena_cache_size=args.arena_cache_size,
+        intermediates=args.intermediates, output=args.output,
+        input_shapes=args.input_shape or [], debug_info=args.debug_info, int8_io=args.int8_io,
+        channels_last=args.channels_last, verify=args.verify,
+        inputs_file=args.inputs, random_inputs=args.random, calibration=args.calibration, quiet=args.quiet,
+    )
+    start = time.perf_counter()
+    run = compile_model(opts)
+    print(summary(run.output, run.edge, run.program, time.perf_counter() - start))
+    if run.calibrated_on:
+        print(f"calibrated on {run.calibrated_on}")
+    if run.verification is not None:
+        print(f"verified on {run.verified_on}")
+        print(run.verification.table())
+    if opts.intermediates:
+        print(f"reports: {Path(opts.intermediates) / 'report.html'}, report.json"
+              + (", layers.csv" if run.verification is not None and run.verification.layers else ""))
+    return 0
+
+
+def cmd_run(args) -> int:
+    """Run a .pte on the host; print its outputs (and, with --verify, how the engines agree)."""
+    import numpy as np
+
+    from .runtime import load
+
+    if args.verify and args.engine == "tosa":
+        raise TosakitError("--verify compares the NPU engine's results with the TOSA ones: it runs --engine npu",
+                           "drop --engine tosa")
+    program = load(args.pte, limits=_limits(args), engine=args.engine)  # validated whole before torch is imported
+    if args.method_pool is not None or args.temp_pool is not None:
+        from .runtime.pools import check_pools, runner_memory
+
+        plan = program.plan()
+        check_pools(plan, runner_memory(program.program, program.segments, plan), args.method_pool, args.temp_pool)
+    import torch
+
+    from .runtime.io import random_inputs, read_inputs, write_outputs
+
+    specs = program.input_specs()
+    if args.inputs:
+        inputs = read_inputs(args.inputs, len(specs))
+    elif args.random:
+        inputs = random_inputs([(s.dtype, s.shape) for s in specs], seed=args.seed)
+    else:
+        raise TosakitError("tosakit run needs inputs", "pass --inputs file.npz (arrays arg0, arg1, ...) or --random")
+    start = time.perf_counter()
+    if args.verify:
+        outputs, comparisons, operations = program.run_and_verify(inputs)
+    else:
+        outputs, comparisons, operations = program.run(inputs), [], []
+    seconds = time.perf_counter() - start
+    for i, out in enumerate(outputs):
+        desc = f"output {i}: {str(out.dtype).replace('torch.', '')}{list(out.shape)}"
+        if out.numel():
+            o = out.double()
+            desc += f" min {float(o.min()):.6g} max {float(o.max()):.6g} mean {float(o.mean()):.6g}"
+        if out.dim() == 2 and out.shape[-1] > 1 and out.is_floating_point():
+            desc += f"; top-5 classes {out[0].topk(min(5, out.shape[-1])).indices.tolist()}"
+        print(desc)
+    simulated = len(program.layouts["forward"].delegate_npu)
+    print(f"ran {args.pte} in {seconds:.3f} s" + (f" ({simulated} Ethos-U delegate(s) on the NPU simulator)"
+                                                 if simulated else ""))
+    for c in comparisons:
+        print(f"npu vs tosa: {c}")
+    if operations:
+        from .runtime.npu_ops import summary
+
+        print("\n".join(summary(operations)))
+    if args.outputs:
+        # numpy has no bfloat16: such outputs are written widened to float32
+        write_outputs(args.outputs, [np.asarray(o.float() if o.dtype == torch.bfloat16 else o) for o in outputs])
+        print(f"wrote {args.outputs}")
+    differ = [c for c in comparisons if not c.bit_exact]
+    ops_differ = [r for r in operations if r.differ]
+    if differ or ops_differ:
+        print(f"the NPU simulator and the TOSA reference model differ on {len(differ)} delegate output(s) and "
+              f"{len(ops_differ)} NPU operation(s): report the program to tosakit", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _limits(args):
+    """The run limits --max-memory and --timeout give."""
+    from .runtime import Limits
+
+    return Limits(max_memory=args.max_memory, timeout=args.timeout)
+
+
+def cmd_generate(args) -> int:
+    """A decoder's prefill and decode programs, written; greedy tokens from them on the host vs the
+    fake-quantized models; Vela's cycles per call."""
+    import torch
+
+    from .compile_job import Progress
+    from .generate import compile_decoder, generate
+    from .specs import compile_spec_for_target
+    from .zoo.field import hf_decoder
+
+    progress = Progress(args.quiet)
+    spec = compile_spec_for_target(args.target, args.system_config, args.memory_mode)
+    if args.prompt_length < 1 or args.steps < 0:
+        raise TosakitError("--prompt-length must be at least 1 and --steps at least 0", "give positive counts")
+    positions = args.max_positions or args.prompt_length + args.steps
+    model = hf_decoder(args.model_name, args.layers, positions, cache_in_place=args.kv_cache == "in-place")
+    folder = Path(args.output or f"{args.model_name.rsplit('/', 1)[-1]}_{args.target}")
+    if folder.exists() and not folder.is_dir():
+        raise TosakitError(f"-o {folder} is a file, not a folder", "name a folder for the programs")
+    folder.mkdir(parents=True, exist_ok=True)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_length),
+                           generator=torch.Generator().manual_seed(args.seed), dtype=torch.int32)
+    c = model.config
+    progress.step(f"compiling {args.model_name} ({c.num_hidden_layers} layers, random weights) for {spec.target_name}: "
+                  f"prefill {args.prompt_length} tokens and decode 1, KV cache {positions} positions")
+    start = time.perf_counter()
+    programs = compile_decoder(model, prompt, spec, folder, steps=args.steps)
+    for which in ("prefill", "decode"):
+        compiled = getattr(programs, which)
+        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        print(f"{which}: {programs.paths[which]} method {programs.methods[which]}, {len(compiled.edge.delegates)} "
+              f"delegate(s), {len(cpu)} CPU compute op(s), {programs.cycles(which):,} cycles per call")
+    print(f"compiled in {time.perf_counter() - start:.1f} s")
+    progress.step(f"generating: prefill and {args.steps} decode steps from the .pte files, and from the "
+                  "fake-quantized models")
+    want, _ = generate(programs.fake_quant_step(), model, prompt, args.steps)
+    got, _ = generate(programs.program_step(limits=_limits(args)), model, prompt, args.steps)
+    print(f"tokens from the programs:           {got}")
+    print(f"tokens from the fake-quantized models: {want}")
+    if got != want:
+        print("the programs' tokens differ from the fake-quantized models'")
+        return 1
+    print(f"equal: {len(got)} tokens")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    """Describe a .pte (and, with --commands, each Ethos-U delegate's command stream)."""
+    from .runtime import load
+    from .runtime.inspect import command_listing, describe
+
+    program = load(args.pte, limits=_limits(args))
+    print(describe(program, Path(args.pte).stat().st_size))
+    if args.commands:
+        print(command_listing(program))
+    return 0
+
+
+def cmd_accuracy(args) -> int:
+    """Accuracy of a trained zoo model on its held-out data, per quantization scheme."""
+    from .accuracy import measure, table
+    from .zoo import MODELS
+
+    model = MODELS.get(args.model_name)
+    if model is None or model.data is None:
+        trained = [m.name for m in MODELS.values() if m.data is not None]
+        raise TosakitError(f"no held-out data for model {args.model_name!r}",
+                           f"accuracy needs a trained model with its data: {', '.join(trained)}")
+    module, example = model.factory()
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    if args.calibration.isdigit() and int(args.calibration) > 0:
+        calibration, described = int(args.calibration), f"{int(args.calibration)} training samples"
+    else:
+        from .quantize.data import read_calibration
+
+        calibration = read_calibration(args.calibration, example)
+        described = f"{len(calibration)} sample(s) from {args.calibration}"
+    rows = measure(module, model.data(), args.target, schemes, calibration, args.limit,
+                   layers=bool(args.intermediates))
+    print(f"{args.model_name} on {args.target}, {len(model.data().test_x[:args.limit])} held-out samples, "
+          f"calibrated on {described}:")
+    print(table(rows))
+    if args.intermediates:
+        from .report import write_accuracy_html
+
+        folder = Path(args.intermediates)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_accuracy_html(folder / "report.html", f"{args.model_name} accuracy on {args.target}", rows)
+        print(f"report: {folder / 'report.html'}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """Every weight scheme for a model and a target: accuracy, Vela's figures, the Pareto front, report.html."""
+    from .sweep import DEFAULT_SCHEMES, pareto, sweep, table
+
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()] if args.schemes else list(DEFAULT_SCHEMES)
+    if args.jobs < 1:
+        raise TosakitError(f"--jobs {args.jobs}: give at least 1", "--jobs 2 compiles two schemes at a time")
+    rows = sweep(args.model_name, args.target, schemes, args.jobs, args.calibration, args.limit,
+                 ray_address=args.ray)
+    if args.choose:
+        from dataclasses import replace
+
+        from .sweep import choose_layers
+
+        choice = choose_layers(args.model_name, args.target, args.choose, args.budget, args.calibration, args.limit)
+        print(f"{args.choose}, each layer alone (top-1 points lost, fake-quantized): "
+              + ", ".join(f"{n} {v:.2f}" for n, v in sorted(choice.sensitivity.items(), key=lambda kv: -kv[1])))
+        print(f"kept in int8 for a {args.budget:g}-point budget: {', '.join(choice.kept) or 'none'}")
+        rows.append(replace(choice.row, scheme=f"{args.choose}~{len(choice.kept)}int8"))
+    print(f"{args.model_name} on {args.target}:")
+    print(table(rows))
+    if args.intermediates:
+        from .report import write_sweep_html
+
+        folder = Path(args.intermediates)
+        folder.mkdir(parents=True, exist_ok=True)
+        fronts = {cost: pareto(rows, cost) for cost in ("cycles", "weights_encoded_bytes")}
+        write_sweep_html(folder / "report.html", f"{args.model_name}: weight schemes on {args.target}", rows, fronts)
+        print(f"report: {folder / 'report.html'}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    """List the built-in models and the field's sources."""
+    from .zoo import MODELS
+
+    from .zoo.field import HF_MODELS, SOURCES
+
+    width = max(len(n) for n in MODELS)
+    for m in MODELS.values():
+        print(f"{m.name:<{width}}  {m.description}")
+    print(f"\nand the field's own definitions, random weights (the models extra): "
+          f"{', '.join(f'{s}:NAME' for s in SOURCES)}; hf: {', '.join(HF_MODELS)}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Compile the tutorial's programs and a trained model, and judge each on the host against PyTorch."""
+    from .demo import run
+
+    return run(Path(args.output_dir))

@@ -1,0 +1,206 @@
+"""A compile described by names and files — the Python twin of ``tosakit compile``'s flags — run through
+``flow.compile``: the model loaded by name, the spec built from the options, the calibration and
+verification inputs chosen, then the .pte and (with ``intermediates``) the reports written."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import TosakitError
+
+OTHER_FOLDER_HINT = "choose another -i folder"
+
+
+class Progress:
+    """One line per stage on stderr, with the time it took."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.start = time.perf_counter()
+
+    def step(self, text: str) -> None:
+        if not self.quiet:
+            print(f"[{time.perf_counter() - self.start:6.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class CompileOptions:
+    """Everything ``tosakit compile`` takes; the Python twin of its flags."""
+
+    model_name: str
+    target: str = "ethos-u55-128"
+    delegate: bool = False
+    quantize: bool = False
+    system_config: str | None = None
+    memory_mode: str | None = None
+    config_ini: str | None = None
+    extra_flags: str | None = None
+    optimise: str | None = None
+    arena_cache_size: int | None = None
+    intermediates: str | None = None
+    output: str | None = None
+    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    debug_info: bool = False
+    int8_io: bool = False
+    channels_last: bool = False
+    verify: bool = False
+    inputs_file: str | None = None
+    random_inputs: bool = False
+    calibration: str | None = None
+    quiet: bool = False
+
+
+@dataclass
+class CompileRun:
+    """What one ``tosakit compile`` produced."""
+
+    output: Path
+    edge: object
+    program: object
+    inputs: tuple
+    model: object
+    quantized: object | None
+    verification: object | None = None
+    calibrated_on: str | None = None  # what --quantize calibrated on, in words
+    verified_on: str | None = None  # what --verify ran on, in words
+
+
+def default_output_name(model: str, target: str, delegate: bool) -> str:
+    """The seed's names: ``mv2_arm_delegate_ethos-u55-128.pte``, ``softmax_arm_ethos-u55-128.pte``."""
+    return f"{model}_arm{'_delegate' if delegate else ''}_{target}.pte"
+
+
+def compile_model(opts: CompileOptions) -> CompileRun:
+    """Run the whole flow for ``opts`` (and ``--verify``); writes the .pte and, with -i, the reports. Every
+    option is checked before the work starts, and nothing is written when the flow fails."""
+    from . import flow
+    from .report import write_reports
+    from .specs import compile_spec_for_target
+    from .zoo import load_model
+
+    progress = Progress(opts.quiet)
+    spec = compile_spec_for_target(opts.target, opts.system_config, opts.memory_mode, opts.extra_flags,
+                                   opts.config_ini, opts.optimise, opts.arena_cache_size)
+    folder = _check_options(opts)
+    name, model, inputs = load_model(opts.model_name, opts.input_shapes or None)
+    if opts.channels_last:  # 4-D inputs stored NHWC: the delegate takes them with no layout TRANSPOSE
+        inputs = _channels_last(inputs)
+    output = Path(opts.output or default_output_name(name, opts.target, opts.delegate))
+    check_output(output, folder)
+    calibration, calibrated_on = _calibration(opts, name, inputs)
+    check_inputs, verified_on = _verify_inputs(opts, inputs, given=calibration is not None)
+    if folder is not None:
+        spec.dump_intermediate_artifacts_to(str(folder))
+    spec.embed_tosa = opts.debug_info
+    if opts.int8_io:
+        spec.with_int8_io()
+    stages = {
+        "export": f"exporting {name} ({type(model).__name__}) with torch.export",
+        "quantize": f"quantizing: int8 activations, int8 per-channel weights, calibrated on {calibrated_on}",
+        "lower": "partitioning and lowering" + (f" for {opts.target}" if opts.delegate else " (no delegate)"),
+        "verify": f"verifying on the host against float PyTorch and the fake-quantized model, on {verified_on}",
+    }
+    compiled = flow.compile(model, inputs, spec, quantize=opts.quantize, delegate=opts.delegate,
+                            calibration=calibration, progress=lambda stage: progress.step(stages[stage]),
+                            verify_on=check_inputs if opts.verify else None, verify_layers=folder is not None)
+    quantized = compiled.quantized
+    if quantized is not None and not any("quantize_per" in str(n.target) for n in quantized.graph.nodes):
+        kinds = ", ".join(sorted({str(t.dtype).replace("torch.", "") for t in inputs}))
+        calibrated_on = f"nothing: the model has no float op to quantize (its inputs are {kinds}); it runs as it is"
+    run = CompileRun(output, compiled.edge, compiled.program, inputs, model, quantized, compiled.verification,
+                     calibrated_on if opts.quantize else None, verified_on if opts.verify else None)
+    progress.step("writing the program")
+    run.program.save(output)
+    if folder is not None:
+        write_reports(folder, opts.model_name, opts.target, output, run.edge, run.program, run.verification)
+    return run
+
+
+def _check_options(opts: CompileOptions) -> Path | None:
+    """Refuse options that do not go together; the reports folder (-i), if any."""
+    if opts.int8_io and not (opts.quantize and opts.delegate):
+        raise TosakitError("--int8-io needs --quantize and --delegate", "add both, or drop --int8-io")
+    if opts.calibration and not opts.quantize:
+        raise TosakitError("--calibration is for --quantize", "add --quantize, or drop --calibration")
+    folder = Path(opts.intermediates) if opts.intermediates else None
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise TosakitError(f"-i {folder} is a file, not a folder", "name a folder for the reports (it is created)")
+    return folder
+
+
+def _channels_last(inputs: tuple) -> tuple:
+    """The 4-D inputs stored channels-last (NHWC); the others as they are."""
+    import torch
+
+    return tuple(t.to(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+
+
+def check_output(output: Path, folder: Path | None = None) -> None:
+    """Refuse, before any work, an output the compile could not write (and make the reports folder)."""
+    if output.is_dir():
+        raise TosakitError(f"-o {output} is a folder", f"name the .pte file, e.g. -o {output / 'model.pte'}")
+    if output.suffix != ".pte":
+        raise TosakitError(f"output {output} does not end in .pte", "name the output file like model.pte")
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.is_dir():
+        raise TosakitError(f"output folder {parent} does not exist", "create it or choose another -o path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TosakitError(f"cannot write {output}: folder {parent} is read-only", "choose another -o path")
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TosakitError(f"cannot create the reports folder -i {folder}: {exc.strerror}",
+                               OTHER_FOLDER_HINT) from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise TosakitError(f"cannot write reports to -i {folder}: it is read-only", OTHER_FOLDER_HINT)
+
+
+def _calibration(opts: CompileOptions, name: str, example: tuple) -> tuple[list[tuple] | None, str]:
+    """What --quantize calibrates on: ``--calibration PATH``, a trained built-in model's training data, or
+    (None) the example inputs; and that, in words."""
+    from .zoo import MODELS
+
+    if opts.calibration:
+        from .quantize.data import read_calibration
+
+        samples = read_calibration(opts.calibration, example)
+        return samples, f"{len(samples)} sample(s) from {opts.calibration}"
+    zoo = MODELS.get(opts.model_name)
+    if opts.quantize and zoo is not None and zoo.data is not None:
+        samples = zoo.data().calibration(64)
+        return samples, f"{len(samples)} training samples of {name}"
+    return None, "the example input (one sample: pass --calibration PATH with representative data)"
+
+
+def _verify_inputs(opts: CompileOptions, example: tuple, given: bool) -> tuple[tuple, str]:
+    """What --verify runs on, and that in words: --inputs FILE, --random, or by default the example inputs
+    when they were not what the program was calibrated on, else seeded random inputs (a quantized program
+    verified on its own calibration sample would look better than it is)."""
+    from .runtime.io import random_inputs, read_inputs
+
+    random = opts.random_inputs or (opts.quantize and not given and not opts.inputs_file)
+    if opts.inputs_file:
+        chosen = tuple(read_inputs(opts.inputs_file, len(example)))
+        for i, (got, want) in enumerate(zip(chosen, example)):
+            if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+                kind = lambda t: f"{str(t.dtype).replace('torch.', '')}[{'x'.join(map(str, t.shape))}]"  # noqa: E731
+                raise TosakitError(f"--inputs {opts.inputs_file}: input {i} is {kind(got)}, the model takes {kind(want)}",
+                                   f"save arg{i} as {kind(want)}")
+        return chosen, f"the inputs in {opts.inputs_file}"
+    if random:
+        import torch
+
+        # integers (token ids, lengths, positions) drawn from the example's own range: a model indexes with them
+        ranges = [None if t.dtype.is_floating_point or t.dtype == torch.bool or not t.numel()
+                  else (int(t.min()), int(t.max())) for t in example]
+        chosen = tuple(random_inputs([(t.dtype, tuple(t.shape)) for t in example], seed=0, ranges=ranges))
+        if opts.channels_last:
+            chosen = _channels_last(chosen)
+        why = "" if opts.random_inputs else ", not the calibration sample"
+        return chosen, f"seeded random inputs (seed 0{why})"
+    return example, "the example input" + (" (not used for calibration)" if given else "")
