@@ -540,8 +540,8 @@ def test_u85_gather_index_out_of_range_names_the_command():
 def test_u85_scatter_position_out_of_range_names_the_command():
     """A KV cache written at a position the cache does not have: the simulator's scatter names the DMA, and the
     reference model's run is refused before it starts, naming the input."""
-    from tosakit.runtime.refmodel import run_tosa
-    from tosakit.runtime.tosa_check import check_tosa
+    from tosakit.runtime.tosa_inprocess import run_tosa
+    from tosakit.runtime.tosa_validate import check_tosa
 
     module, inputs = importlib.import_module("test_ops_shape").OP_TABLE.build("index_put_rows")
     torch.manual_seed(0)

@@ -18,10 +18,10 @@ from tosakit.flow import compile
 from tosakit.program import LoweredBackendModule
 from tosakit.quantize import get_symmetric_a16w8_quantization_config
 from tosakit.quantize.qdq import is_dequantize, is_quantize, qparams_of
+from tosakit.runtime.delegates import evaluate_exact, run_delegate
 from tosakit.runtime.ethosu.commands import decode, disassemble
 from tosakit.runtime.ethosu.simulate import simulate
-from tosakit.runtime.reference import evaluate_exact, run_delegate
-from tosakit.runtime.refmodel import run_tosa
+from tosakit.runtime.tosa_inprocess import run_tosa
 from tosakit.specs import EthosUCompileSpec
 
 pytestmark = pytest.mark.numerics

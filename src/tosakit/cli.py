@@ -140,7 +140,7 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     run = CompileRun(output, edge, program, inputs, model, quantized,
                      calibrated_on=calibrated_on if opts.quantize else None)
     if opts.verify:
-        from .runtime.verify import verify
+        from .verify.run import verify
 
         progress.step(f"verifying on the host against float PyTorch and the fake-quantized model, on {verified_on}")
         run.verification = verify(edge, program, check_inputs, model, quantized, layers=folder is not None)
@@ -380,7 +380,9 @@ def _cmd_run(args) -> int:
         raise TosakitError("tosakit run needs inputs", "pass --inputs file.npz (arrays arg0, arg1, ...) or --random")
     start = time.perf_counter()
     if args.verify:
-        outputs, comparisons, operations = program.run_and_verify(inputs)
+        from .verify.npu_ops import compare_call
+
+        outputs, comparisons, operations = program.run_and_check(inputs, compare_call)
     else:
         outputs, comparisons, operations = program.run(inputs), [], []
     seconds = time.perf_counter() - start
@@ -398,7 +400,7 @@ def _cmd_run(args) -> int:
     for c in comparisons:
         print(f"npu vs tosa: {c}")
     if operations:
-        from .runtime.npu_ops import summary
+        from .verify.npu_ops import summary
 
         print("\n".join(summary(operations)))
     if args.outputs:
@@ -644,11 +646,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--random", action="store_true", help="seeded random inputs for --verify")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=_cmd_compile)
-    r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, Ethos-U55/U65 delegates on the "
-                                   "command-stream simulator, other delegates on the TOSA reference model)")
+    r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, Ethos-U delegates on the command-stream "
+                                   "simulator, other delegates on the TOSA reference model)")
     r.add_argument("pte")
     r.add_argument("--engine", choices=("npu", "tosa"),  # runtime.validate.ENGINES (not imported: slow)
-                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55/U65), or "
+                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55, U65, U85), or "
                         "tosa, the TOSA they carry (--debug-info) on the reference model (default: npu when the "
                         "stream is one the simulator runs, else tosa)")
     r.add_argument("--verify", action="store_true",

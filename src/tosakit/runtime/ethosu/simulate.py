@@ -10,7 +10,7 @@ import numpy as np
 
 from ...backends.ethosu.payload import EthosUPayload
 from ...errors import TosakitError
-from .commands import decode
+from .commands import CommandStream, decode
 from .memory import Memory, Region
 from . import weights
 from .codec import CODEC
@@ -55,13 +55,18 @@ def memory_needed(payload: EthosUPayload) -> int:
     return 2 * (payload.scratch_size + len(payload.weight_data) + FAST_SCRATCH_BYTES)
 
 
+def require_simulated(stream: CommandStream) -> CommandStream:
+    """``stream``, when the simulator runs everything it sets; NotSimulatedError otherwise."""
+    return stream.require_simulated()
+
+
 def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str | None = None,
              deadline: float | None = None, max_memory: int = 1 << 31, observe=None) -> Simulation:
     """Execute ``payload``'s command stream on ``inputs`` (integer arrays, one per I/O-table input) on
     ``accelerator`` (by default the one the stream's header names), stopping with an error past ``deadline``
     (a ``time.monotonic()`` value); refused before anything is allocated if its regions need more than
     ``max_memory`` bytes. ``observe(npu, command)`` is called after each operation."""
-    stream = decode(payload.cmd_data, accelerator).require_simulated()
+    stream = require_simulated(decode(payload.cmd_data, accelerator))
     accelerator = stream.accelerator_config.accelerator
     if memory_needed(payload) > max_memory:
         raise TosakitError(f"simulating the Ethos-U delegate needs {memory_needed(payload)} bytes (scratch "
