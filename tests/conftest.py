@@ -407,10 +407,11 @@ def assert_u85_bit_exact(found, seeds=(0,)) -> str:
     """Each Ethos-U85 delegate in ``found`` run by the simulator (nothing refused) bit for bit; their listings,
     joined."""
     from tosakit.runtime.ethosu.commands import decode, disassemble
+    from tosakit.runtime.ethosu.simulate import require_simulated
 
     listings = []
     for tosa, payload in found:
-        stream = decode(payload.cmd_data).require_simulated()
+        stream = require_simulated(decode(payload.cmd_data))
         assert_npu_bit_exact(tosa, payload, seeds=seeds)
         listings += disassemble(stream)
     return "\n".join(listings)
