@@ -105,7 +105,7 @@ class Execution:
         self.values: list = [self._materialize(ev.val) for ev in plan.values]
         schemas = kernel_schemas()
         self.kernels = [Kernel(schemas[kernel_key(op.name, op.overload)]) for op in plan.operators]
-        self.refmodel: IsolatedReferenceModel | None = None
+        self.sandbox: IsolatedReferenceModel | None = None
 
     def _tensor(self, t: S.Tensor) -> torch.Tensor:
         order = list(t.dim_order) or list(range(len(t.sizes)))
@@ -170,8 +170,8 @@ class Execution:
                                            f"past the run's limit", "raise --timeout if you trust the file")
                     pc = self._step(instructions[pc].instr_args, pc, deadline)
         finally:
-            if self.refmodel is not None:
-                self.refmodel.close()
+            if self.sandbox is not None:
+                self.sandbox.close()
         sys.stderr.write(printed[0])
         return [self.values[i].clone() for i in self.plan.outputs]
 
@@ -228,26 +228,27 @@ class Execution:
             raise TosakitError(f"{what}: its results do not fit the program's output tensors: {first_line(exc)}",
                                "the delegate's TOSA and the program disagree: re-export it") from None
 
-    def _child(self, deadline: float) -> IsolatedReferenceModel:
+    def _sandbox(self, deadline: float) -> IsolatedReferenceModel:
         """The child process that runs this run's delegates for a file from anywhere (started on first use)."""
-        if self.refmodel is None:
-            self.refmodel = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
-        return self.refmodel
+        if self.sandbox is None:
+            self.sandbox = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
+        return self.sandbox
 
     def _tosa(self, tosa: bytes, ins: list, orders: list, deadline: float, what: str) -> list[torch.Tensor]:
         """The delegate's TOSA on the reference model (in the child process for files from anywhere)."""
         in_orders, out_orders = orders[:len(ins)], orders[len(ins):]
         if not self.loaded.isolate:
             return run_stored(tosa, ins, in_orders, out_orders)
-        child = self._child(deadline)
+        child = self._sandbox(deadline)
         return run_stored(tosa, ins, in_orders, out_orders, lambda g, arrays: child.run(g, arrays, what))
 
     def _npu_call(self, index: int, tosa: bytes, ins: list, orders: list, deadline: float) -> NpuCall:
         """Delegate ``index``'s call as a per-operation check gets it (in the child process for files from
         anywhere)."""
         delegate = self.plan.delegates[index]
+        sandbox = self._sandbox(deadline) if self.loaded.isolate else None
         return NpuCall(f"delegate {index}", self.loaded.delegate_payload(delegate), tosa, delegate.compile_specs,
-                       self._stored_inputs(index, ins, orders), self._child(deadline) if self.loaded.isolate else None)
+                       self._stored_inputs(index, ins, orders), sandbox)
 
     def _stored_inputs(self, index: int, ins: list, orders: list) -> list[np.ndarray]:
         """Delegate ``index``'s inputs as the I/O table stores them: the call's tensors' bytes in their stored
@@ -264,7 +265,7 @@ class Execution:
         arrays = self._stored_inputs(index, ins, orders)
         if self.loaded.isolate:
             blob = self.loaded.delegate_payload(self.plan.delegates[index])
-            results = self._child(deadline).simulate(blob, arrays, what)
+            results = self._sandbox(deadline).simulate(blob, arrays, what)
         else:
             try:
                 results = simulate(payload, arrays, deadline=deadline).outputs

@@ -28,6 +28,7 @@ from .npu_ops import NpuOpReport, compare_delegate
 from .pairing import Keys, Numbering
 from .report import Agreement, InputReport, LayerReport
 
+
 class _DelegateArgs(Recorder):
     """Runs the edge graph in PyTorch, keeping every value and each delegate call's inputs."""
 

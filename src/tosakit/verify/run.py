@@ -14,6 +14,7 @@ from .float_graph import float_reference
 from .layers import delegate_reports
 from .report import Agreement, OutputReport, VerifyReport
 
+
 def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: tuple,
            float_model: torch.nn.Module | None = None, fake_quant: GraphModule | None = None,
            layers: bool = False) -> VerifyReport:
@@ -45,7 +46,8 @@ def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: 
         ))
     float_ref = (float_reference(float_model, inputs, quantized=fake_quant is not None)
                  if (layers and float_model is not None) else None)
-    rows, quantized_inputs, npu_ops = delegate_reports(edge, inputs, float_ref, layers, npu=bool(engines) or bool(npu_error))
+    rows, quantized_inputs, npu_ops = delegate_reports(edge, inputs, float_ref, layers,
+                                                       npu=bool(engines) or bool(npu_error))
     return VerifyReport(outputs, rows, quantized_inputs, engines, npu_error, npu_ops)
 
 
