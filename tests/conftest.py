@@ -272,7 +272,7 @@ class Harness:
         import torch
 
         from tosakit.runtime import evaluate_exact, run_edge
-        from tosakit.runtime.verify import layer_reports
+        from tosakit.verify.layers import layer_reports
 
         layers = layer_reports(edge, inputs, None)
         assert (layers or not edge.delegates) and all(layer.matches for layer in layers), [
@@ -321,8 +321,8 @@ def forced_exact(edge, inputs, force: bool = True) -> tuple:
 
     from tosakit.lower import lower_partition
     from tosakit.program.emit import executorch_call_delegate
-    from tosakit.runtime.reference import ExactInterpreter, run_stored
-    from tosakit.runtime.verify import _quantize_after
+    from tosakit.runtime.delegates import ExactInterpreter, run_stored
+    from tosakit.verify.layers import _quantize_after
 
     def delegate(module, tensors):
         forced = {}
@@ -364,7 +364,7 @@ def npu_inputs(payload, seed: int, tosa: bytes | None = None) -> list[np.ndarray
     """Seeded integers over each delegate input's whole range (int32 inputs within +-2**16: the reference
     model calls an int32 sum that leaves int32 unpredictable); an input ``tosa`` reads as GATHER/SCATTER indices
     holds distinct rows in range (SCATTER writes each row once)."""
-    from tosakit.runtime.refmodel import index_bounds
+    from tosakit.runtime.tosa_inprocess import index_bounds
 
     rng = np.random.default_rng(seed)
     bounds = index_bounds(tosa) if tosa is not None else {}
@@ -385,8 +385,8 @@ def assert_npu_bit_exact(tosa: bytes, payload, seeds=(0, 1)) -> None:
     """The simulated command stream's outputs equal the reference model's on the TOSA Vela compiled, bit for
     bit, for seeded inputs over the whole integer range."""
     from tosakit.runtime.ethosu.simulate import simulate
-    from tosakit.runtime.refmodel import run_tosa
-    from tosakit.runtime.tosa_check import check_tosa
+    from tosakit.runtime.tosa_inprocess import run_tosa
+    from tosakit.runtime.tosa_validate import check_tosa
 
     shapes = [t.shape for t in check_tosa(tosa, "delegate", 1 << 31).inputs]
     for seed in seeds:
@@ -407,10 +407,11 @@ def assert_u85_bit_exact(found, seeds=(0,)) -> str:
     """Each Ethos-U85 delegate in ``found`` run by the simulator (nothing refused) bit for bit; their listings,
     joined."""
     from tosakit.runtime.ethosu.commands import decode, disassemble
+    from tosakit.runtime.ethosu.simulate import require_simulated
 
     listings = []
     for tosa, payload in found:
-        stream = decode(payload.cmd_data).require_simulated()
+        stream = require_simulated(decode(payload.cmd_data))
         assert_npu_bit_exact(tosa, payload, seeds=seeds)
         listings += disassemble(stream)
     return "\n".join(listings)

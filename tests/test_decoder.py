@@ -96,7 +96,7 @@ def test_a16w8_prefill_runs_whole_on_the_npu_u85():
     32767, SiLU 17; the format's limits pinned in tests/test_int16_tables.py)."""
     from tosakit.flow import compile
     from tosakit.quantize import get_symmetric_a16w8_quantization_config
-    from tosakit.runtime.verify import layer_reports
+    from tosakit.verify.layers import layer_reports
 
     model = _decoder()
     inputs = prefill_inputs(model, PROMPT)

@@ -16,8 +16,11 @@ from tosakit.backends.ethosu.vela import compile_tosa
 from tosakit.cli import main
 from tosakit.errors import TosakitError
 from tosakit.runtime import load
+from tosakit.runtime.ethosu import npu
 from tosakit.runtime.ethosu.commands import NotSimulatedError, decode, disassemble
+from tosakit.runtime.ethosu.featuremap import Registers
 from tosakit.runtime.ethosu.registers import U55, U85, Register, register_map
+from tosakit.runtime.ethosu.simulate import require_simulated
 from tosakit.specs import EthosUCompileSpec
 
 ACCELERATORS = ("ethos-u55-128", "ethos-u65-256", "ethos-u85-128", "ethos-u85-256", "ethos-u85-512", "ethos-u85-2048")
@@ -223,19 +226,49 @@ def test_header_faults():
         decode(_cmd_data([STOP]), "ethos-u65-256")
 
 
+def test_a_misspelt_register_or_field_fails_loudly_an_unset_one_reads_its_reset_value():
+    """The simulator reads registers by name: a name this NPU does not have is a KeyError naming it (a typo never
+    reads as 0); a register the stream did not set reads its reset value, 0 (and its enum name for 0)."""
+    regs = Registers(U55)
+    regs.set(decode(_cmd_data([0x00030113, STOP])).commands[0])  # NPU_SET_OFM_DEPTH_M1 = 3
+    assert regs.value("NPU_SET_OFM_DEPTH_M1", "depth_m1") == 3
+    assert regs.value("NPU_SET_OFM_HEIGHT_M1", "height_m1") == 0
+    assert regs.name("NPU_SET_OFM_PRECISION", "activation_precision") == "ACTIVATION_PRECISION_B8"
+    with pytest.raises(KeyError, match="NPU_SET_OFM_DEPHT_M1"):
+        regs.value("NPU_SET_OFM_DEPHT_M1", "depth_m1")
+    with pytest.raises(KeyError, match="NPU_SET_OFM_DEPTH_M1 has no field 'depth'"):
+        regs.value("NPU_SET_OFM_DEPTH_M1", "depth")
+    with pytest.raises(KeyError, match="NPU_SET_OFM_HEIGHT_M1 has no field 'height'"):
+        regs.value("NPU_SET_OFM_HEIGHT_M1", "height")  # not set, misspelt all the same
+    with pytest.raises(KeyError, match="activation_presicion"):
+        regs.name("NPU_SET_OFM_PRECISION", "activation_presicion")
+    with pytest.raises(KeyError, match="NPU_SET_IFM_SCALE"):
+        regs.value("NPU_SET_IFM_SCALE", "scale")  # an Ethos-U85 register: the U55 has none
+
+
+def test_what_the_executors_declare_they_run_on_u85_names_real_registers():
+    """Each executor's declaration of what it runs on Ethos-U85 names a field of a U85 command and values it can
+    hold; every operation command but NPU_OP_BRANCH has an executor."""
+    by_name = {r.name: r for r in U85.values()}
+    for (register, field), values in npu.U85_RUNS.items():
+        (f,) = [f for f in by_name[register].fields if f.name == field]
+        assert values and values <= (set(f.enum.values()) if f.enum else set(range(1 << f.width))), (register, field)
+    assert {r for r in by_name if r.startswith("NPU_OP_")} - set(npu.OPERATIONS) == {"NPU_OP_BRANCH"}
+
+
 def test_u85_streams_decode_and_what_is_not_run_yet_is_named():
     stream = decode(_cmd_data([STOP], config=U85_256_CONFIG))
     assert stream.accelerator_config.accelerator == "ethos-u85-256" and stream.accelerator_config.shram_kib is None
-    assert stream.require_simulated() is stream
+    assert require_simulated(stream) is stream
     replicate = 0x00010007  # NPU_OP_RESIZE, REPLICATE (Vela's mode for what is neither bilinear nor nearest)
     with pytest.raises(NotSimulatedError, match=r"an Ethos-U85 command stream \(ethos-u85-256\) the simulator does "
                                                 r"not run yet: the command at offset 0x000004 \(NPU_OP_RESIZE "
                                                 r"resize_mode = RESIZE_MODE_REPLICATE\)"):
-        decode(_cmd_data([STOP, replicate, STOP], config=U85_256_CONFIG)).require_simulated()
+        require_simulated(decode(_cmd_data([STOP, replicate, STOP], config=U85_256_CONFIG)))
     branch = [0x00004100, 0]  # NPU_OP_BRANCH
     with pytest.raises(NotSimulatedError, match=r"offset 0x000000 \(NPU_OP_BRANCH\)"):
-        decode(_cmd_data([*branch, STOP], config=U85_256_CONFIG)).require_simulated()
-    assert decode(_cmd_data([STOP])).require_simulated().commands[0].register.name == "NPU_OP_STOP"
+        require_simulated(decode(_cmd_data([*branch, STOP], config=U85_256_CONFIG)))
+    assert require_simulated(decode(_cmd_data([STOP]))).commands[0].register.name == "NPU_OP_STOP"
     with pytest.raises(TosakitError, match="unknown Ethos-U accelerator"):
         register_map("ethos-u56-128")
 

@@ -14,9 +14,10 @@ from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, assert_u85_bit_exact
 from tosakit.capture import export
 from tosakit.errors import TosakitError
 from tosakit.flow import compile, quantize_model
-from tosakit.runtime.ethosu import npu, weights
+from tosakit.runtime.ethosu import weights
 from tosakit.runtime.ethosu.codec import CODEC
 from tosakit.runtime.ethosu.commands import decode
+from tosakit.runtime.ethosu.executors import convolution
 from tosakit.runtime.ethosu.memory import NpuAccessError
 from tosakit.runtime.ethosu.npu import weight_streams
 from tosakit.runtime.ethosu.registers import register_map
@@ -172,8 +173,8 @@ def test_weight_streams_found_ahead_are_the_ones_the_run_reads(target, memory_mo
     assert regions == {"Sram_Only": {0}, "Shared_Sram": {0, 1}, "Dedicated_Sram": {0, 2}}[memory_mode]
     ahead = weight_streams(stream.commands, register_map(stream.accelerator_config.accelerator), payload.weight_data,
                            budget=1 << 30)
-    read, original = [], npu.decode_weights
-    monkeypatch.setattr(npu, "decode_weights", lambda data, **kw: read.append(data) or original(data, **kw))
+    read, original = [], convolution.decode_weights
+    monkeypatch.setattr(convolution, "decode_weights", lambda data, **kw: read.append(data) or original(data, **kw))
     weights.clear_caches()
     simulate(payload, npu_inputs(payload, seed=0))
     assert ahead and ahead == list(dict.fromkeys(read))
@@ -540,8 +541,8 @@ def test_u85_gather_index_out_of_range_names_the_command():
 def test_u85_scatter_position_out_of_range_names_the_command():
     """A KV cache written at a position the cache does not have: the simulator's scatter names the DMA, and the
     reference model's run is refused before it starts, naming the input."""
-    from tosakit.runtime.refmodel import run_tosa
-    from tosakit.runtime.tosa_check import check_tosa
+    from tosakit.runtime.tosa_inprocess import run_tosa
+    from tosakit.runtime.tosa_validate import check_tosa
 
     module, inputs = importlib.import_module("test_ops_shape").OP_TABLE.build("index_put_rows")
     torch.manual_seed(0)

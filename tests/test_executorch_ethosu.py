@@ -27,8 +27,8 @@ from tosakit.flow import partitioner_for
 from tosakit.program import LoweredBackendModule, to_edge_transform_and_lower
 from tosakit.program.pte import tosa_key
 from tosakit.runtime import load
-from tosakit.runtime.refmodel import run_tosa
-from tosakit.runtime.tosa_check import check_tosa
+from tosakit.runtime.tosa_inprocess import run_tosa
+from tosakit.runtime.tosa_validate import check_tosa
 from tosakit.specs import EthosUCompileSpec
 from tosakit.zoo import MODELS
 

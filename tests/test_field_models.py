@@ -113,7 +113,7 @@ def test_llama_decoder_runs_whole_on_u85(harness):
 def test_token_id_outside_the_vocabulary_is_refused_before_the_reference_model():
     """The reference model ends its process on a GATHER index outside its table; tosakit checks the index inputs
     first and names the input and the range."""
-    from tosakit.runtime.refmodel import index_bounds, run_tosa
+    from tosakit.runtime.tosa_inprocess import index_bounds, run_tosa
 
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2)).eval()
     tokens = torch.tensor([[1, 2, 9]], dtype=torch.int32)

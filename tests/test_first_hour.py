@@ -219,7 +219,7 @@ def test_trained_models_are_the_same_on_every_machine(name):
 
 
 def _report(layers_ok: bool, fake_snr: float, float_snr: float):
-    from tosakit.runtime.verify import Agreement, LayerReport, OutputReport, VerifyReport
+    from tosakit.verify.report import Agreement, LayerReport, OutputReport, VerifyReport
 
     a = lambda snr: Agreement(0.1, snr, 0.99, None)  # noqa: E731
     layer = LayerReport("d", "conv", "aten.convolution.default", (1, 4), True, 0.0 if layers_ok else 3.0, None, None)

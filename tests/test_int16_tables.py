@@ -18,10 +18,10 @@ from tosakit.flow import compile
 from tosakit.program import LoweredBackendModule
 from tosakit.quantize import get_symmetric_a16w8_quantization_config
 from tosakit.quantize.qdq import is_dequantize, is_quantize, qparams_of
+from tosakit.runtime.delegates import evaluate_exact, run_delegate
 from tosakit.runtime.ethosu.commands import decode, disassemble
-from tosakit.runtime.ethosu.simulate import simulate
-from tosakit.runtime.reference import evaluate_exact, run_delegate
-from tosakit.runtime.refmodel import run_tosa
+from tosakit.runtime.ethosu.simulate import require_simulated, simulate
+from tosakit.runtime.tosa_inprocess import run_tosa
 from tosakit.specs import EthosUCompileSpec
 
 pytestmark = pytest.mark.numerics
@@ -104,7 +104,7 @@ def _bit_exact(name: str, target: str, function: str) -> None:
     ``assert_npu_bit_exact``, equal the reference model's."""
     (found,) = ethosu_delegates(_compiled(name, target))
     tosa, payload = found
-    listing = "\n".join(disassemble(decode(payload.cmd_data).require_simulated()))
+    listing = "\n".join(disassemble(require_simulated(decode(payload.cmd_data))))
     assert f"activation_function = {function}" in listing
     want = np.asarray(run_tosa(tosa, [INPUTS.numpy()])[0]).ravel()
     got = simulate(payload, [INPUTS.numpy()]).outputs[0].ravel()

@@ -4,7 +4,7 @@ that layer's own value, and the share of values its calibrated range clips is co
 What the issue saw (an attention block's ``bmm`` at -5.1 dB with cosine 0.995) was pairing: the quantizer
 scales attention scores after ``q @ k^T`` where the float graph scaled ``q`` before, so the float value
 paired with the layer was the same direction at another magnitude. Layers are now compared with the
-quantizer's own float graph, paired by what they compute (see ``tosakit.runtime.verify``)."""
+quantizer's own float graph, paired by what they compute (see ``tosakit.verify``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 
 from tosakit.flow import compile
 from tosakit.report import write_layers_csv
-from tosakit.runtime.verify import verify
+from tosakit.verify.run import verify
 
 pytestmark = pytest.mark.numerics
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tosakit"
 # base modules, then the stages in flow order; the top level (cli, flow, zoo, __init__) may use all
-ORDER = ["errors", "lazy", "native", "targets", "specs", "capture", "quantize", "partition", "lower", "backends", "program", "runtime"]
+ORDER = ["errors", "lazy", "native", "targets", "specs", "capture", "quantize", "partition", "lower", "backends", "program",
+         "runtime", "verify"]
 RANK = {name: i for i, name in enumerate(ORDER)}
 TOP = len(ORDER)
 

@@ -172,7 +172,7 @@ def test_the_run_deadline_reaches_the_simulator(programs, monkeypatch):
     import time
 
     from tosakit.runtime import execute
-    from tosakit.runtime.refmodel import IsolatedReferenceModel
+    from tosakit.runtime.tosa_sandbox import IsolatedReferenceModel
 
     seen = []
     real, real_child = execute.simulate, IsolatedReferenceModel.simulate
@@ -213,7 +213,7 @@ def test_verify_compares_each_delegate_output(programs, capsys):
 
 def test_verify_reports_a_difference(programs, monkeypatch, capsys):
     """A simulator off by one in one value: named with the count and the largest difference, exit 1."""
-    from tosakit.runtime.refmodel import IsolatedReferenceModel
+    from tosakit.runtime.tosa_sandbox import IsolatedReferenceModel
 
     real = IsolatedReferenceModel.simulate
 
@@ -233,7 +233,7 @@ def test_compile_verify_compares_the_engines(monkeypatch):
     bit for bit; a simulator that stops is shown, and the figures are then the TOSA's."""
     from tosakit.runtime import execute
     from tosakit.runtime.ethosu.memory import NpuAccessError
-    from tosakit.runtime.verify import verify
+    from tosakit.verify.run import verify
 
     torch.manual_seed(0)
     model, inputs = SmallNet().eval(), (torch.randn(1, 3, 8, 8),)

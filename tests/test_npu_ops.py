@@ -13,16 +13,16 @@ import torch
 from conftest import npu_inputs
 from op_cases import sweep_models
 from tosakit.backends.ethosu.payload import parse_payload
-from tosakit.backends.ethosu.vela import operation_map
 from tosakit.cli import main
 from tosakit.flow import compile
 from tosakit.program import LoweredBackendModule
 from tosakit.runtime.ethosu import npu
 from tosakit.runtime.ethosu.memory import NpuAccessError
-from tosakit.runtime.npu_ops import compare_operations, with_outputs
-from tosakit.runtime.refmodel import run_tosa
-from tosakit.runtime.tosa_check import check_tosa
+from tosakit.runtime.tosa_inprocess import run_tosa
+from tosakit.runtime.tosa_validate import check_tosa
 from tosakit.specs import EthosUCompileSpec
+from tosakit.verify.npu_ops import compare_operations, with_outputs
+from tosakit.verify.operation_map import operation_map
 from tosakit.zoo import MODELS
 
 SLOW = {"mv2", "mv3", "resnet18", "transformer", "lstm", "unet"}

@@ -76,7 +76,7 @@ def _assert_int16_op(compiled, name):
     """Every delegate's activations are int16 (no int8 tensor crosses its boundary), and one holds the case's TOSA
     op."""
     from tosakit.program import LoweredBackendModule
-    from tosakit.runtime.tosa_check import check_tosa
+    from tosakit.runtime.tosa_validate import check_tosa
 
     delegates = [m for m in compiled.edge.program.graph_module.children() if isinstance(m, LoweredBackendModule)]
     assert delegates

@@ -16,7 +16,7 @@ from tosakit.lower.rules.conv import StemCase
 from tosakit.lower.tosa_graph import DType
 from tosakit.lower.transpose import FORMS, transpose_case
 from tosakit.runtime import check_delegates
-from tosakit.runtime.reference import run_tosa
+from tosakit.runtime.tosa_inprocess import run_tosa
 
 pytestmark = pytest.mark.numerics
 

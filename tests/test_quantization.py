@@ -12,7 +12,7 @@ from tosakit import (EthosUCompileSpec, EthosUQuantizer, TosakitError, get_symme
 from tosakit.backends.ethosu import parse_payload
 from tosakit.program.pte import deserialize_pte
 from tosakit.accuracy import measure, output_snr, table
-from tosakit.runtime.verify import Agreement
+from tosakit.verify.report import Agreement
 from tosakit.flow import compile, quantize_model
 from tosakit.quantize.config import PercentileObserver, QuantizationConfig
 from tosakit.quantize.calibration import calibrate

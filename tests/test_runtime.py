@@ -15,8 +15,9 @@ from tosakit.lower.lowering import int_dtype
 from tosakit.program.pte import deserialize_pte
 from tosakit.quantize.qdq import is_dequantize, is_quantize, qparams_of
 from tosakit.runtime import evaluate_exact, load, run_tosa
-from tosakit.runtime.verify import layer_reports, verify
 from tosakit.specs import EthosUCompileSpec
+from tosakit.verify.layers import layer_reports
+from tosakit.verify.run import verify
 
 pytestmark = pytest.mark.numerics
 

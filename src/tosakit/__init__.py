@@ -1,7 +1,7 @@
 """tosakit: PyTorch to Arm Ethos-U and VGF through TOSA, as ExecuTorch .pte programs.
 
 The flow, one package per stage: capture -> quantize -> partition -> lower (TOSA)
--> backends (ethosu, vgf, tosa) -> program (.pte) -> runtime. The public names
+-> backends (ethosu, vgf, tosa) -> program (.pte) -> runtime -> verify. The public names
 follow ExecuTorch's Arm backend, so its tutorial code runs with only the imports
 changed.
 """

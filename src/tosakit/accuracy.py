@@ -15,9 +15,10 @@ from .flow import compile, quantize_model
 from .quantize.config import SCHEMES
 from .quantize.qdq import is_dequantize, is_quantize
 from .runtime import LoadedProgram, evaluate_exact
-from .runtime.reference import ExactInterpreter
-from .runtime.verify import Agreement, VerifyReport, verify
+from .runtime.delegates import ExactInterpreter
 from .specs import compile_spec_for_target
+from .verify.report import Agreement, VerifyReport
+from .verify.run import verify
 from .zoo.trained import Split
 
 

@@ -119,10 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "command-stream simulator, other delegates on the TOSA reference model)")
     r.add_argument("pte")
     r.add_argument("--engine", choices=("npu", "tosa"),  # runtime.validate.ENGINES (not imported: slow)
-                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55, U65 "
-                        "and U85), or "
-                        "tosa, the TOSA they carry (--debug-info) on the reference model (default: npu when the "
-                        "stream is one the simulator runs, else tosa)")
+                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55, U65, "
+                        "U85), or tosa, the TOSA they carry (--debug-info) on the reference model (default: npu "
+                        "when the stream is one the simulator runs, else tosa)")
     r.add_argument("--verify", action="store_true",
                    help="also run each simulated Ethos-U delegate's carried TOSA on the same inputs and compare, per "
                         "delegate output (exit 1 if they differ)")

@@ -65,7 +65,9 @@ def cmd_run(args) -> int:
         raise TosakitError("tosakit run needs inputs", "pass --inputs file.npz (arrays arg0, arg1, ...) or --random")
     start = time.perf_counter()
     if args.verify:
-        outputs, comparisons, operations = program.run_and_verify(inputs)
+        from .verify.npu_ops import compare_call
+
+        outputs, comparisons, operations = program.run_and_check(inputs, compare_call)
     else:
         outputs, comparisons, operations = program.run(inputs), [], []
     seconds = time.perf_counter() - start
@@ -83,7 +85,7 @@ def cmd_run(args) -> int:
     for c in comparisons:
         print(f"npu vs tosa: {c}")
     if operations:
-        from .runtime.npu_ops import summary
+        from .verify.npu_ops import summary
 
         print("\n".join(summary(operations)))
     if args.outputs:

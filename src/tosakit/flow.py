@@ -41,7 +41,7 @@ class Compiled:
     quantized: GraphModule | None
     edge: EdgeProgramManager
     program: ExecutorchProgramManager
-    verification: object | None = None  # runtime.verify.VerifyReport
+    verification: object | None = None  # verify.report.VerifyReport
 
 
 # Told each stage's name as it starts: "export", "quantize", "lower", "verify".
@@ -96,7 +96,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
     compiled = Compiled(spec, quantized, edge, edge.to_executorch())
     if verify_on is not None:
-        from .runtime.verify import verify
+        from .verify.run import verify
 
         step("verify")
         compiled.verification = verify(edge, compiled.program, verify_on, model, quantized, layers=verify_layers)

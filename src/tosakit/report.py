@@ -219,12 +219,12 @@ def _fmt(x) -> str:
 
 def _share(x) -> str:
     """A share of values as a percentage ("-" when there is none)."""
-    from .runtime.verify import share_text
+    from .verify.report import share_text
     return "-" if x is None else ("0" if x == 0 else share_text(x))
 
 
 def _limits(limits) -> str:
-    from .runtime.verify import limits_name
+    from .verify.report import limits_name
     return "" if limits is None else limits_name(limits)
 
 

@@ -181,7 +181,7 @@ def _snr_on_seeded_inputs(model, original, example: tuple, target: str, config, 
     ``example``)."""
     from .flow import compile
     from .runtime import LoadedProgram
-    from .runtime.verify import Agreement
+    from .verify.report import Agreement
 
     compiled = compile(model, example, target, quantize=True, config=config, calibration=[example],
                        module_configs=module_configs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -16,10 +17,9 @@ from ..native import captured_output
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from .ethosu.simulate import simulate
-from .npu_ops import compare_payload, vela_flags
-from .program import EngineComparison, LoadedProgram, TensorSpec
-from .refmodel import IsolatedReferenceModel
-from .reference import run_stored
+from .delegates import run_stored
+from .records import EngineComparison, NpuCall, TensorSpec
+from .tosa_sandbox import IsolatedReferenceModel
 from .validate import MethodLayout, tensor_nbytes
 
 # Kernels torch has no ".out" overload for: the functional op runs and its result is copied to ``out``.
@@ -88,15 +88,16 @@ class Kernel:
 
 
 class Execution:
-    """The values and memory of one run; with ``compare``, each simulated Ethos-U delegate that carries its TOSA
-    runs it too, and ``comparisons`` holds how their outputs compare; with ``operations``, such a delegate is
-    also compared per NPU operation (``npu_ops``), into ``operations``."""
+    """The values and memory of one run of a ``program.LoadedProgram`` (which imports this module, so it is not
+    named here); with ``compare``, each simulated Ethos-U delegate that carries its TOSA runs it too, and
+    ``comparisons`` holds how their outputs compare; with ``per_operation``, each such delegate call is also
+    handed to it (``NpuCall``), what it finds into ``findings``."""
 
-    def __init__(self, loaded: LoadedProgram, plan: S.ExecutionPlan, layout: MethodLayout, compare: bool = False,
-                 operations: bool = False):
+    def __init__(self, loaded, plan: S.ExecutionPlan, layout: MethodLayout, compare: bool = False,
+                 per_operation: Callable[[NpuCall], list] | None = None):
         self.loaded, self.plan, self.layout, self.limits = loaded, plan, layout, loaded.limits
         self.compare, self.comparisons = compare, []
-        self.operations: list | None = [] if operations else None
+        self.per_operation, self.findings = per_operation, []
         self.arenas = loaded.arenas(plan.name)
         constant = loaded.program.constant_segment
         self.const_data = loaded.segments[constant.segment_index] if constant else b""
@@ -104,7 +105,7 @@ class Execution:
         self.values: list = [self._materialize(ev.val) for ev in plan.values]
         schemas = kernel_schemas()
         self.kernels = [Kernel(schemas[kernel_key(op.name, op.overload)]) for op in plan.operators]
-        self.refmodel: IsolatedReferenceModel | None = None
+        self.sandbox: IsolatedReferenceModel | None = None
 
     def _tensor(self, t: S.Tensor) -> torch.Tensor:
         order = list(t.dim_order) or list(range(len(t.sizes)))
@@ -169,8 +170,8 @@ class Execution:
                                            f"past the run's limit", "raise --timeout if you trust the file")
                     pc = self._step(instructions[pc].instr_args, pc, deadline)
         finally:
-            if self.refmodel is not None:
-                self.refmodel.close()
+            if self.sandbox is not None:
+                self.sandbox.close()
         sys.stderr.write(printed[0])
         return [self.values[i].clone() for i in self.plan.outputs]
 
@@ -214,8 +215,8 @@ class Execution:
             results = self._tosa(tosa[0], ins, orders, deadline, what)
         else:
             results = self._npu(index, ins, outs, orders, deadline, what)
-            if self.operations is not None and tosa is not None:
-                self.operations += self._operations(index, tosa[0], ins, orders, deadline, what)
+            if self.per_operation is not None and tosa is not None:
+                self.findings += self.per_operation(self._npu_call(index, tosa[0], ins, orders, deadline))
             if self.compare and tosa is not None:
                 reference = self._tosa(tosa[0], ins, orders, deadline, what)
                 self.comparisons += [_compared(index, delegate.id, k, got, want.reshape(got.shape))
@@ -227,43 +228,44 @@ class Execution:
             raise TosakitError(f"{what}: its results do not fit the program's output tensors: {first_line(exc)}",
                                "the delegate's TOSA and the program disagree: re-export it") from None
 
-    def _child(self, deadline: float) -> IsolatedReferenceModel:
+    def _sandbox(self, deadline: float) -> IsolatedReferenceModel:
         """The child process that runs this run's delegates for a file from anywhere (started on first use)."""
-        if self.refmodel is None:
-            self.refmodel = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
-        return self.refmodel
+        if self.sandbox is None:
+            self.sandbox = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
+        return self.sandbox
 
     def _tosa(self, tosa: bytes, ins: list, orders: list, deadline: float, what: str) -> list[torch.Tensor]:
         """The delegate's TOSA on the reference model (in the child process for files from anywhere)."""
         in_orders, out_orders = orders[:len(ins)], orders[len(ins):]
         if not self.loaded.isolate:
             return run_stored(tosa, ins, in_orders, out_orders)
-        child = self._child(deadline)
+        child = self._sandbox(deadline)
         return run_stored(tosa, ins, in_orders, out_orders, lambda g, arrays: child.run(g, arrays, what))
 
-    def _operations(self, index: int, tosa: bytes, ins: list, orders: list, deadline: float, what: str) -> list:
-        """Delegate ``index`` per NPU operation against its TOSA (in the child process for files from anywhere)."""
-        payload = self.layout.delegate_npu[index]
-        arrays = [_stored(x, order).reshape(-1).view(torch.uint8).numpy().view(f"<i{t.elem_size}")
-                  for x, order, t in zip(ins, orders, payload.inputs)]
+    def _npu_call(self, index: int, tosa: bytes, ins: list, orders: list, deadline: float) -> NpuCall:
+        """Delegate ``index``'s call as a per-operation check gets it (in the child process for files from
+        anywhere)."""
         delegate = self.plan.delegates[index]
-        blob, flags = self.loaded.delegate_payload(delegate), vela_flags(delegate.compile_specs)
-        name = f"delegate {index}"
-        if self.loaded.isolate:
-            return self._child(deadline).operations(blob, tosa, flags, arrays, name)
-        return compare_payload(name, tosa, blob, flags, arrays)
+        sandbox = self._sandbox(deadline) if self.loaded.isolate else None
+        return NpuCall(f"delegate {index}", self.loaded.delegate_payload(delegate), tosa, delegate.compile_specs,
+                       self._stored_inputs(index, ins, orders), sandbox)
+
+    def _stored_inputs(self, index: int, ins: list, orders: list) -> list[np.ndarray]:
+        """Delegate ``index``'s inputs as the I/O table stores them: the call's tensors' bytes in their stored
+        order (NHWC for channels-last ones), as the device's driver copies them."""
+        payload = self.layout.delegate_npu[index]
+        return [_stored(x, order).reshape(-1).view(torch.uint8).numpy().view(f"<i{t.elem_size}")
+                for x, order, t in zip(ins, orders, payload.inputs)]
 
     def _npu(self, index: int, ins: list, outs: list, orders: list, deadline: float,
              what: str) -> list[torch.Tensor]:
-        """Delegate ``index``'s command stream on the simulator (in the child process for files from anywhere).
-        The I/O table's tensors are the call's tensors' bytes in their stored order (NHWC for channels-last
-        ones), as the device's driver copies them; the results come back in torch layout."""
+        """Delegate ``index``'s command stream on the simulator (in the child process for files from anywhere),
+        on its stored inputs; the results come back in torch layout."""
         payload = self.layout.delegate_npu[index]
-        arrays = [_stored(x, order).reshape(-1).view(torch.uint8).numpy().view(f"<i{t.elem_size}")
-                  for x, order, t in zip(ins, orders, payload.inputs)]
+        arrays = self._stored_inputs(index, ins, orders)
         if self.loaded.isolate:
             blob = self.loaded.delegate_payload(self.plan.delegates[index])
-            results = self._child(deadline).simulate(blob, arrays, what)
+            results = self._sandbox(deadline).simulate(blob, arrays, what)
         else:
             try:
                 results = simulate(payload, arrays, deadline=deadline).outputs
@@ -289,7 +291,7 @@ def _compared(index: int, backend: str, output: int, got: torch.Tensor, want: to
     return EngineComparison(index, backend, output, got.numel(), equal, diff)
 
 
-def new_arenas(loaded: LoadedProgram, layout: MethodLayout, shared: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+def new_arenas(loaded, layout: MethodLayout, shared: dict[int, torch.Tensor]) -> list[torch.Tensor]:
     """A method's arenas as loading it makes them: zeroed, with its state's initial bytes written in. Arena 2 holds
     the state the program's methods share (ExecuTorch's ``share_mutable_buffers``, which its runner's
     ``share_memory_arenas`` serves): made once, by the first method loaded, at the largest size any method plans,

@@ -1,63 +1,25 @@
 """The host runtime's entry: a .pte (ours or ExecuTorch's, from anywhere) read and validated whole, then
-run with ExecuTorch's CPU kernels (as PyTorch implements them), Ethos-U55/U65 delegates on the command-stream
-simulator and other delegates on the TOSA reference model."""
+run with ExecuTorch's CPU kernels (as PyTorch implements them), Ethos-U delegates on the command-stream simulator
+(Ethos-U55, U65 and U85) and other delegates on the TOSA reference model."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import TosakitError
 from ..program import schema as S
 from ..program.pte import deserialize_pte, tosa_key
+from .records import EngineComparison, NpuCall, TensorSpec
 from .validate import Limits, MethodLayout, check_engine, delegate_payload, validate
 
 DEBUG_INFO_FIX = "recompile with `tosakit compile ... --debug-info` (Python: compile_spec.with_debug_info())"
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """What the program expects of an input (or produces as an output)."""
-
-    scalar_type: S.ScalarType
-    shape: tuple[int, ...]
-
-    @property
-    def dtype(self):
-        """The torch dtype."""
-        return S.torch_dtype_of(self.scalar_type)
-
-    def __str__(self) -> str:
-        return f"{S.ELEMENT_TYPES[self.scalar_type][0]}[{', '.join(map(str, self.shape))}]"
-
-
-@dataclass(frozen=True)
-class EngineComparison:
-    """One output of one Ethos-U delegate call computed both ways on the same inputs: the simulated command
-    stream (whose result the program goes on with) and the carried TOSA on the reference model."""
-
-    delegate: int
-    backend: str
-    output: int
-    values: int
-    equal: int
-    max_abs_diff: float
-
-    @property
-    def bit_exact(self) -> bool:
-        return self.equal == self.values
-
-    def __str__(self) -> str:
-        verdict = "bit-exact" if self.bit_exact else (f"{self.values - self.equal} differ, max |diff| "
-                                                      f"{self.max_abs_diff:g}")
-        return (f"delegate {self.delegate} ({self.backend}) output {self.output}: {self.equal} of {self.values} "
-                f"values equal ({verdict})")
-
-
 class LoadedProgram:
     """A .pte checked and ready to run: ``run([tensors]) -> [tensors]``.
 
-    ``engine`` is how Ethos-U delegates run: "npu" on the command-stream simulator (Ethos-U55/U65), "tosa" from
+    ``engine`` is how Ethos-U delegates run: "npu" on the command-stream simulator (Ethos-U55, U65, U85), "tosa" from
     the TOSA they carry (--debug-info) on the reference model; by default (None) the simulator whenever it runs
     the stream, else the TOSA. Other delegates always run their TOSA. ``isolate`` runs delegates' TOSA in a
     child process (for files from anywhere); tosakit's own fresh programs may run it in this process."""
@@ -143,11 +105,18 @@ class LoadedProgram:
     def run_and_compare(self, inputs, method: str = "forward") -> tuple[list, list[EngineComparison]]:
         """``run``, with each Ethos-U delegate that runs on the simulator and carries its TOSA also run on the
         reference model, on the same inputs: the outputs, and how each delegate output compares."""
+        outputs, comparisons, _ = self.run_and_check(inputs, None, method)
+        return outputs, comparisons
+
+    def run_and_check(self, inputs, per_operation: Callable[[NpuCall], list] | None,
+                      method: str = "forward") -> tuple[list, list[EngineComparison], list]:
+        """``run_and_compare``, each such delegate call also handed, in the same run, to ``per_operation`` (a
+        check of a later stage): the outputs, the comparisons and what ``per_operation`` found, in order."""
         from .execute import Execution
 
         self._comparable(method)
-        execution = Execution(self, self.plan(method), self.layouts[method], compare=True)
-        return execution.run(list(inputs)), execution.comparisons
+        execution = Execution(self, self.plan(method), self.layouts[method], compare=True, per_operation=per_operation)
+        return execution.run(list(inputs)), execution.comparisons, execution.findings
 
     def _comparable(self, method: str) -> None:
         """Some delegate of ``method`` runs on the simulator and carries its TOSA, else an error saying why not."""
@@ -158,16 +127,7 @@ class LoadedProgram:
                                    f"results with", DEBUG_INFO_FIX)
             raise TosakitError(f"{self.name}: no delegate of method {method!r} runs on the Ethos-U simulator"
                                + (" (engine 'tosa')" if self.engine == "tosa" else ""),
-                               "comparing the engines needs an Ethos-U55/U65 delegate run by the npu engine")
-
-    def run_and_verify(self, inputs, method: str = "forward") -> tuple[list, list[EngineComparison], list]:
-        """``run_and_compare``, and in the same run each such delegate per NPU operation (``npu_ops``: Vela run
-        again on its TOSA with the delegate's flags says which tensor each operation writes)."""
-        from .execute import Execution
-
-        self._comparable(method)
-        execution = Execution(self, self.plan(method), self.layouts[method], compare=True, operations=True)
-        return execution.run(list(inputs)), execution.comparisons, execution.operations
+                               "comparing the engines needs an Ethos-U delegate the npu engine runs")
 
 
 def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,

@@ -16,8 +16,8 @@ from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from ..program.pte import tosa_key
 from .ethosu.commands import NotSimulatedError, decode
-from .ethosu.simulate import FAST_SCRATCH_BYTES, memory_needed
-from .tosa_check import TosaSummary, check_tosa
+from .ethosu.simulate import FAST_SCRATCH_BYTES, memory_needed, require_simulated
+from .tosa_validate import TosaSummary, check_tosa
 
 FIX = "the file is damaged or was not written for ExecuTorch's runtime: re-export the model"
 HOST_DELEGATES = ("TOSABackend", "EthosUBackend", "VgfBackend")
@@ -304,7 +304,7 @@ class _Method:
             if need != have:
                 raise self.fail(f"{what}: tensor {k} of the payload is {need} bytes, value {i} holds {have}")
         try:
-            decode(p.cmd_data).require_simulated()
+            require_simulated(decode(p.cmd_data))
         except NotSimulatedError as exc:  # well-formed, not simulated (an Ethos-U85 feature not run yet)
             if self.engine == "npu":
                 raise self.fail(f"{what}: {exc.message}",

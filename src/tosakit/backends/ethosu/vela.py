@@ -356,83 +356,25 @@ def compile_tosa(tosa: bytes, spec: EthosUCompileSpec) -> VelaResult:
     )
 
 
-# ------------------------------------------------------------------ NPU operations -> TOSA tensors
+# ------------------------------------------------------------------ a compile's records, for the checkers
 
 
 @dataclass(frozen=True)
-class NpuOperation:
-    """One operation of Vela's high-level command stream: the command-stream bytes [offset, end) that run it,
-    the TOSA tensor it writes (name, NHWC shape) and the box of that tensor it writes ([start, end) per axis),
-    and the TOSA operator it was made from (its index in the block, its name)."""
+class VelaRecords:
+    """What Vela records of compiling a graph, for the checkers that pair its NPU operations with TOSA tensors
+    (``tosakit.verify``): the command stream, the high-level listing it printed, the tables of its debug database
+    and the TOSA operator names of each block of the graph."""
 
-    offset: int
-    end: int
-    vela_op: str
-    ofm: str
-    ofm_shape: tuple[int, ...]
-    area: tuple[tuple[int, ...], tuple[int, ...]]
-    tosa_index: int
-    tosa_op: str
+    cmd_data: bytes
+    listing: str
+    tables: dict[str, list[dict[str, str]]]  # "queue", "optimised", "source": rows by column name
+    tosa_blocks: list[list[str]]
 
 
-@dataclass(frozen=True)
-class OperationMap:
-    """Each NPU operation of a delegate with what it computes, or ``why`` no exact map exists."""
-
-    operations: list[NpuOperation]
-    why: str | None = None
-
-
-_HL_OP = re.compile(r"^(\d+) (\w+) , subOps")
-_HL_OFM = re.compile(r"^\s+OFM: ([^,]+), \[([\d, ]+)\]")
-_HL_COMMAND = re.compile(r"^(\d+) (\w+) OFM area \[([\d, ]+) - ([\d, ]+)\]")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(","))
-
-
-def operation_map(tosa: bytes, flags: list[str], cmd_data: bytes) -> OperationMap:
-    """Vela run again on ``tosa`` with the delegate's Vela ``flags``, printing its high-level command stream: each
-    queue entry of its debug database (command-stream offset -> scheduled op, and optimised op -> source op =
-    TOSA op index) paired with the high-level command at the same place (its OFM box) and the high-level
-    operation of its scheduled op (its OFM tensor). Exact or nothing: the stream must be ``cmd_data`` byte for byte and every pairing must
-    agree on the operator, else ``why`` says what did not."""
+def compile_records(tosa: bytes, flags: list[str]) -> VelaRecords:
+    """Vela run again on ``tosa`` with a delegate's Vela ``flags``, printing its high-level command stream."""
     opts = parse_vela_flags(list(flags) + ["--verbose-high-level-command-stream"])
     printed: list[str] = []
     model = _run_regor(bytes(tosa), opts, VelaConfig(opts), printed)
-    if bytes(model.command_stream) != bytes(cmd_data):
-        return OperationMap([], "Vela compiled the TOSA again into another command stream than the payload's")
-    ops, commands, section = [], [], None
-    for line in printed[0].splitlines():
-        if line.startswith("High level NPU operations"):
-            section = ops
-        elif line.startswith("High level command stream"):
-            section = commands
-        elif section is ops and (m := _HL_OP.match(line)):
-            ops.append([m.group(2), None, None])
-        elif section is ops and ops and ops[-1][1] is None and (m := _HL_OFM.match(line)):
-            ops[-1][1:] = [m.group(1).strip(), _ints(m.group(2))]
-        elif section is commands and (m := _HL_COMMAND.match(line)):
-            commands.append((m.group(2), _ints(m.group(3)), _ints(m.group(4))))
-    queue = sorted(_table(model.opt_database, "queue"), key=lambda r: int(r["offset"]))
-    optimised = {r["id"]: r for r in _table(model.opt_database, "optimised")}
-    sources = {r["id"]: r for r in _table(model.opt_database, "source")}
-    if len(queue) != len(commands):
-        return OperationMap([], f"Vela's database lists {len(queue)} operations, its listing {len(commands)}")
-    scheduled = list(dict.fromkeys(r["scheduled_id"] for r in queue))  # the listing's operations, in order
-    if len(scheduled) != len(ops):
-        return OperationMap([], f"{len(scheduled)} scheduled operations are queued, the listing has {len(ops)}")
-    op_of = dict(zip(scheduled, ops))
-    tosa_ops = _tosa_blocks(tosa)[0]
-    out = []
-    for k, (row, (name, start, end)) in enumerate(zip(queue, commands)):
-        vela_op, ofm, shape = op_of[row["scheduled_id"]]
-        if name != vela_op or ofm is None:
-            return OperationMap([], f"operation {k} at offset {int(row['offset']):#x} pairs {name} with {vela_op}")
-        source = sources.get(optimised.get(row["optimised_id"], {}).get("source_id"), {})
-        index = int(source.get("ext_key") or -1)
-        stop = int(queue[k + 1]["offset"]) if k + 1 < len(queue) else len(cmd_data)
-        out.append(NpuOperation(int(row["offset"]), stop, name, ofm, shape, (start, end), index,
-                                tosa_ops[index] if 0 <= index < len(tosa_ops) else "?"))
-    return OperationMap(out)
+    tables = {name: _table(model.opt_database, name) for name in ("queue", "optimised", "source")}
+    return VelaRecords(bytes(model.command_stream), printed[0], tables, _tosa_blocks(tosa))

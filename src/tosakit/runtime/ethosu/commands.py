@@ -25,27 +25,6 @@ class NotSimulatedError(TosakitError):
     mode not implemented. Unlike damage, running the delegate's TOSA instead is a way out."""
 
 
-# What the simulator runs of Ethos-U85 streams so far: (command, field) -> the values (enum names) it runs. A
-# stream setting any other is refused before it runs (NotSimulatedError), so its delegate runs its TOSA.
-U85_RUNS = {
-    ("NPU_OP_POOL", "pooling_mode"): {f"POOLING_MODE_{m}" for m in ("MAX", "MIN", "AVERAGE", "SUM", "REDUCE_SUM", "NONE")},
-    ("NPU_OP_ELEMENTWISE", "elementwise_mode"): {f"ELEMENTWISE_MODE_{m}" for m in (
-        "ADD", "SUB", "MUL", "MIN", "MAX", "CMP_EQ", "CMP_GE", "CMP_GT", "AND", "OR", "XOR", "AND_NOT", "NOT")},
-    ("NPU_OP_RESIZE", "resize_mode"): {"RESIZE_MODE_BILINEAR", "RESIZE_MODE_NEAREST"},
-    **{(f"NPU_SET_{fm}_PRECISION", "activation_storage"): {f"ACTIVATION_STORAGE_{m}" for m in ("TILE2X2", "CHAINED",
-                                                                                               "NONE")}
-       for fm in ("IFM", "IFM2")},
-    ("NPU_SET_OFM_PRECISION", "activation_storage"): {"ACTIVATION_STORAGE_TILE2X2", "ACTIVATION_STORAGE_CHAINED"},
-    ("NPU_SET_ACTIVATION", "activation_function"): {"ACTIVATION_FUNCTION_LUT_NONE", "ACTIVATION_FUNCTION_LUT_S8_S8",
-                                                   "ACTIVATION_FUNCTION_LUT_S16_S16"},
-    ("NPU_SET_ACC_FORMAT", "acc_input"): {"ACC_INPUT_RESET", "ACC_INPUT_IFM2"},
-    ("NPU_SET_ACC_FORMAT", "acc_output"): {"ACC_OUTPUT_ENABLE"},
-    ("NPU_SET_OFM_SCALE", "round_mode"): {f"ROUND_MODE_OFM_{m}" for m in ("NATURAL", "DOUBLE_SYMMETRIC",
-                                                                            "TRUNCATE_TO_ZERO")},
-    ("NPU_SET_OFM_SCALE", "dbl_rnd"): {0}, ("NPU_SET_IFM_SCALE", "dbl_rnd"): {0}, ("NPU_SET_IFM2_SCALE", "dbl_rnd"): {0},
-}
-U85_NOT_RUN = ("NPU_OP_BRANCH",)
-
 def _bits(word: int, lsb: int, width: int) -> int:
     return (word >> lsb) & ((1 << width) - 1)
 
@@ -116,26 +95,6 @@ class CommandStream:
 
     accelerator_config: AcceleratorConfig
     commands: list[Command]
-
-    def require_simulated(self) -> "CommandStream":
-        """This stream, when the simulator runs everything it sets (all of an Ethos-U55/U65 stream; on the U85
-        what ``U85_RUNS`` lists); NotSimulatedError naming the first command it does not run otherwise."""
-        if self.accelerator_config.product != "ethos-u85":
-            return self
-        for c in self.commands:
-            name, reason = c.register.name, None
-            if name in U85_NOT_RUN:
-                reason = name
-            for f in c.register.fields:
-                allowed = U85_RUNS.get((name, f.name))
-                shown = f.enum[c.field(f.name)] if f.enum else c.field(f.name)
-                if allowed is not None and shown not in allowed:
-                    reason = f"{name} {f.name} = {shown}"
-            if reason:
-                raise NotSimulatedError(f"an Ethos-U85 command stream ({self.accelerator_config.accelerator}) the "
-                                        f"simulator does not run yet: the command at offset {c.offset:#08x} "
-                                        f"({reason})", "run the delegate's TOSA instead (tosakit run --engine tosa)")
-        return self
 
 
 def _stream_error(offset: int, start: int, message: str) -> TosakitError:

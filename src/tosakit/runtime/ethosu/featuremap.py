@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .memory import Memory
+from .registers import Field
 
 BRICK = 16
 _BITS = {"ACTIVATION_PRECISION_B8": 8, "ACTIVATION_PRECISION_B16": 16, "ACTIVATION_PRECISION_B32": 32,
@@ -15,7 +16,8 @@ _BITS = {"ACTIVATION_PRECISION_B8": 8, "ACTIVATION_PRECISION_B16": 16, "ACTIVATI
 
 
 class Registers:
-    """The value each register holds: the last command that set it, or the reset value 0."""
+    """The value each register holds: the last command that set it, or the reset value 0. A register or field
+    this NPU does not have is a KeyError naming it (a misspelt name never reads as 0)."""
 
     def __init__(self, register_map: dict):
         self.by_name = {r.name: r for r in register_map.values()}
@@ -24,7 +26,18 @@ class Registers:
     def set(self, command) -> None:
         self.commands[command.register.name] = command
 
+    def field(self, register: str, field: str) -> Field:
+        """Field ``field`` of ``register``."""
+        if register not in self.by_name:
+            raise KeyError(f"this NPU has no register {register!r}")
+        found = next((f for f in self.by_name[register].fields if f.name == field), None)
+        if found is None:
+            known = ", ".join(f.name for f in self.by_name[register].fields) or "none"
+            raise KeyError(f"{register} has no field {field!r} (fields: {known})")
+        return found
+
     def value(self, register: str, field: str) -> int:
+        self.field(register, field)
         command = self.commands.get(register)
         return 0 if command is None else command.field(field)
 
@@ -34,7 +47,7 @@ class Registers:
 
     def name(self, register: str, field: str) -> str:
         """A field's enum name."""
-        f = next(f for f in self.by_name[register].fields if f.name == field)
+        f = self.field(register, field)
         return f.enum.get(self.value(register, field), "") if f.enum else ""
 
 

@@ -1,23 +1,24 @@
-"""The NPU executing its command stream: registers hold what the stream set, each operation reads them, one
-numpy-vectorised executor per operation family (convolution, pooling, elementwise, DMA)."""
+"""The NPU executing its command stream: registers hold what the stream set, each operation reads them through
+the helpers here (its operands, kernel, activation, output), one numpy-vectorised executor per operation family
+(``executors``: convolution, pooling, elementwise, DMA) registered with what each runs of Ethos-U85 streams."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from ...errors import TosakitError
 from ...targets import ETHOSU_TARGETS
 from . import numerics
-from .commands import NotSimulatedError
+from .commands import Command, NotSimulatedError
 from .featuremap import FeatureMap, Registers
 from .memory import Memory
 from .registers import U55_LUTS, U85_LUTS, Field, Lut
-from .weights import U85Layout, decode_scales, decode_weights, decode_weights_u85, weight_streams_u85
+from .weights import decode_scales
 
 # SHRAM's last 2 KiB hold the LUTs, in slots of 256 bytes (TABLE_0..TABLE_7).
 LUT_BYTES, LUT_SLOT_BYTES = 2048, 256
@@ -26,19 +27,38 @@ MAX_OP_WORK = 1 << 33
 # Elements of an operation's temporaries computed at once (OFM pixels x their window): bounds its memory.
 CHUNK = 1 << 22
 
-OPERATIONS: dict[str, Callable[["Npu", object], None]] = {}
+OPERATIONS: dict[str, Callable[["Npu", Command], None]] = {}
+# What the simulator runs of Ethos-U85 streams, declared beside what reads it (``operation`` for an operation's own
+# fields, ``u85_runs`` for the registers operations share): (command, field) -> the values (enum names) it runs. A
+# stream setting any other, or holding an operation no executor runs, is refused before it runs
+# (``require_simulated``), so its delegate runs its TOSA.
+U85_RUNS: dict[tuple[str, str], frozenset] = {}
 
 
-def operation(name: str):
-    """Register the executor of command ``name``."""
+def operation(name: str, **u85: Iterable):
+    """Register the executor of command ``name``, with the values of its fields it runs on Ethos-U85 (``u85``:
+    field -> values; a field not named runs every value)."""
     def register(fn):
         OPERATIONS[name] = fn
+        U85_RUNS.update({(name, f): frozenset(values) for f, values in u85.items()})
         return fn
     return register
 
 
+def u85_runs(register: str, field: str, values: Iterable) -> None:
+    """Declare the values of ``register``'s ``field`` the simulator runs in Ethos-U85 streams."""
+    U85_RUNS[register, field] = frozenset(values)
+
+
 class UnsupportedCommandError(NotSimulatedError):
     """A command the simulator does not execute (yet)."""
+
+
+# Npu.activation: on Ethos-U85 no LUT, or the LUT functions U85_LUTS names; Npu.read: an IFM in memory or chained.
+u85_runs("NPU_SET_ACTIVATION", "activation_function", {"ACTIVATION_FUNCTION_LUT_NONE", *U85_LUTS})
+for _fm in ("IFM", "IFM2"):
+    u85_runs(f"NPU_SET_{_fm}_PRECISION", "activation_storage",
+             {f"ACTIVATION_STORAGE_{m}" for m in ("TILE2X2", "CHAINED", "NONE")})
 
 
 class Npu:
@@ -296,7 +316,11 @@ TRANSPOSES = {"HWC": (0, 1, 2), "WHC": (1, 0, 2), "HCW": (0, 2, 1), "WCH": (1, 2
 # U85's OFM rounding modes by the U55 names numerics.scale_output takes (the ones Vela writes for TOSA).
 U85_ROUNDING = {"ROUND_MODE_OFM_NATURAL": "ROUND_MODE_NATURAL", "ROUND_MODE_OFM_DOUBLE_SYMMETRIC": "ROUND_MODE_DBL",
                 "ROUND_MODE_OFM_TRUNCATE_TO_ZERO": "ROUND_MODE_TRUNCATE"}
-U85_IFM_ROUNDING = {"ROUND_MODE_IFM_NATURAL": "ROUND_MODE_NATURAL", "ROUND_MODE_IFM_DOUBLE_SYMMETRIC": "ROUND_MODE_DBL"}
+u85_runs("NPU_SET_OFM_SCALE", "round_mode", U85_ROUNDING)  # Npu.round_mode
+u85_runs("NPU_SET_OFM_SCALE", "dbl_rnd", {0})
+
+
+u85_runs("NPU_SET_OFM_PRECISION", "activation_storage", {"ACTIVATION_STORAGE_TILE2X2", "ACTIVATION_STORAGE_CHAINED"})
 
 
 def write_ofm(npu: Npu, ofm: FeatureMap, values: np.ndarray) -> None:
@@ -321,40 +345,11 @@ def _scales(npu: Npu, depth: int):
     return record.bias, record.scale, record.shift
 
 
-@operation("NPU_OP_CONV")
-def conv(npu: Npu, command) -> None:
-    """Convolution (and the vector product: a 1x1 convolution): sum of (ifm - zp) x weight, plus bias, scaled. On
-    U85 with ``weights_ifm2`` the matrix product whose weights are IFM2."""
-    oh, ow, oc = npu.ofm_shape()
-    ic = npu.value("IFM_DEPTH_M1", "depth_m1") + 1
-    if npu.u85 and command.field("weights_ifm2"):
-        return _matmul(npu, oh, ow, oc, ic)
-    w = _weights(npu, npu.kernel(), ic, oc, depthwise=False)
-    win, _, ifm, k = windows(npu, ic)
-    _finish(npu, by_blocks(npu, oh, ow, ic * k.h * k.w,
-                           lambda ys, xs: exact_dot(win[ys, xs], w, ([2, 3, 4], [3, 1, 2]))), scale_stream=True)
+u85_runs("NPU_SET_ACC_FORMAT", "acc_input", {"ACC_INPUT_RESET", "ACC_INPUT_IFM2"})
+u85_runs("NPU_SET_ACC_FORMAT", "acc_output", {"ACC_OUTPUT_ENABLE"})
 
 
-def _matmul(npu: Npu, oh: int, ow: int, oc: int, ic: int) -> None:
-    """U85 MatMul: OFM[y, x, o] = sum over c of (IFM[y, x, c] - zp) x (IFM2[y, o, c] - zp2); IFM2 holds the right-hand
-    matrix transposed (Vela writes it so), a row of it per OFM row; OFM_SCALE, no bias."""
-    check_work(oh * ow * oc * ic, npu.memory.where)
-    ifm, ifm2 = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "IFM2")
-    a = npu.read(ifm, oh, ow, ic) - ifm.zero_point
-    b = npu.read(ifm2, oh, oc, ic) - ifm2.zero_point
-    _finish(npu, np.stack([exact_dot(a[y], b[y], ([1], [1])) for y in range(oh)]), scale_stream=False)
-
-
-@operation("NPU_OP_DEPTHWISE")
-def depthwise(npu: Npu, command) -> None:
-    """Depthwise convolution: each channel with its own kernel."""
-    oh, ow, oc = npu.ofm_shape()
-    w = _weights(npu, npu.kernel(), oc, oc, depthwise=True)[:, :, :, 0]  # [C, KH, KW]
-    win, _, ifm, k = windows(npu, oc)
-    _finish(npu, np.einsum("hwckl,ckl->hwc", win, w.astype(np.int64)), scale_stream=True)
-
-
-def _finish(npu: Npu, acc: np.ndarray, scale_stream: bool) -> None:
+def finish(npu: Npu, acc: np.ndarray, scale_stream: bool) -> None:
     """The accumulators to the OFM: on U85 first added to what ACC_FORMAT loads them from (IFM2's values); then the
     bias and per-channel scales of the scale stream (on U85 when the OFM scale mode is per channel), or OFM_SCALE."""
     if npu.u85:
@@ -370,230 +365,19 @@ def _finish(npu: Npu, acc: np.ndarray, scale_stream: bool) -> None:
     _output(npu, acc, scale, shift)
 
 
-def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarray:
-    if npu.u85:
-        macs = ETHOSU_TARGETS[npu.accelerator].macs
-        layout = U85Layout.of(npu.regs, depthwise, macs)
-        streams, fwd = weight_streams_u85(npu.regs, npu.memory.read_bytes, layout.cores)
-        return decode_weights_u85(streams, layout, fwd, npu.deadline)
-    ifm = FeatureMap.of(npu.regs, "IFM")
-    return decode_weights(
-        npu.bytes_at("WEIGHT_REGION", "WEIGHT_BASE", "WEIGHT_LENGTH"),
-        kernel_h=k.h, kernel_w=k.w, ifm_depth=ic, ofm_depth=oc,
-        ofm_block_depth=npu.value("OFM_BLK_DEPTH_M1", "depth_m1") + 1, depthwise=depthwise,
-        weight_order=npu.name("KERNEL_STRIDE", "weight_order"),
-        decomposition=npu.name("KERNEL_STRIDE", "decomposition"),
-        dilation=(k.dy, k.dx), ifm_bits=ifm.bits, accelerator=npu.accelerator, deadline=npu.deadline)
-
-
-@operation("NPU_OP_POOL")
-def pool(npu: Npu, command) -> None:
-    """Max, min, average and sum pooling over the kernel window (on U85 also none: the accumulators come from IFM2
-    alone), then the OFM scale."""
-    mode = command.register.fields[0].enum[command.field(command.register.fields[0].name)]
-    oh, ow, oc = npu.ofm_shape()
-    if mode in ("POOLING_MODE_MAX", "POOLING_MODE_MIN"):
-        win, mask, _, k = windows(npu, oc)
-        pick, fill = (np.max, np.iinfo(np.int64).min) if mode.endswith("MAX") else (np.min, np.iinfo(np.int64).max)
-        acc = by_blocks(npu, oh, ow, oc * k.h * k.w,
-                        lambda ys, xs: pick(np.where(mask[ys, xs, None], win[ys, xs], fill), axis=(3, 4)))
-    elif mode == "POOLING_MODE_AVERAGE":
-        win, mask, _, k = windows(npu, oc)
-        acc = win.sum(axis=(3, 4))
-        if any(k.pad) or npu.u85:  # the NPU divides by the count of IFM elements in each window itself
-            count = mask.sum(axis=(2, 3))[:, :, None]
-            acc = numerics.scale_output(acc, *numerics.reciprocal_scale(count), "ROUND_MODE_NATURAL")
-        # U55/U65 without padding: OFM_SCALE holds the reciprocal of the kernel area (with any rescale folded in)
-    elif mode == "POOLING_MODE_SUM":  # U85: the window's sum (padding holds zeros), then the OFM scale
-        win, _, _, k = windows(npu, oc)
-        acc = win.sum(axis=(3, 4))
-    elif mode == "POOLING_MODE_REDUCE_SUM":  # over the window and every IFM channel, into OFM depth 1
-        acc = windows(npu, npu.value("IFM_DEPTH_M1", "depth_m1") + 1)[0].sum(axis=(2, 3, 4))[:, :, None]
-    elif mode == "POOLING_MODE_NONE" and npu.u85:  # U85's NullPool: IFM2 (its accumulator source) rescaled
-        acc = np.zeros((oh, ow, oc), np.int64)
-    else:
-        raise UnsupportedCommandError(f"{npu.memory.where}: pooling mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
-    _finish(npu, acc, scale_stream=False)
-
-
-@operation("NPU_OP_RESIZE")
-def resize(npu: Npu, command) -> None:
-    """U85 RESIZE, TOSA's integer rule per axis: output position o reads IFM position (o x d + offset) / n, nearest
-    or bilinear (weights in units of 1/n, so the sum is n_y x n_x times the value); the result, times 2**16, through
-    OFM_SCALE (whose shift is 16 plus any power-of-two rescale folded in). The kernel size is the IFM's extent."""
-    mode = command.register.fields[0].enum[command.field("resize_mode")]
-    oh, ow, oc = npu.ofm_shape()
-    ih, iw = npu.value("KERNEL_HEIGHT_M1", "height_m1") + 1, npu.value("KERNEL_WIDTH_M1", "width_m1") + 1
-    check_work(oh * ow * oc * 4, npu.memory.where)
-    ifm = FeatureMap.of(npu.regs, "IFM")
-    x = npu.read(ifm, ih, iw, oc) - ifm.zero_point
-
-    def axis(name: str, size: int, extent: int):
-        n = npu.value(f"RESIZE_{name}_SCALE_N_M1", f"resize_{name.lower()}_scale_n_m1") + 1
-        d = npu.value(f"RESIZE_{name}_STEP", "one_step_int") * n + npu.value(f"RESIZE_{name}_STEP", "one_step_mod")
-        offset = npu.regs.signed(f"NPU_SET_RESIZE_{name}_OFFSET", f"resize_{name.lower()}_offset", 12)
-        at = np.arange(size, dtype=np.int64) * d + offset
-        whole, part = at // n, at % n
-        return np.clip(whole, 0, extent - 1), np.clip(whole + 1, 0, extent - 1), part, n
-
-    y0, y1, fy, ny = axis("Y", oh, ih)
-    x0, x1, fx, nx = axis("X", ow, iw)
-    if mode == "RESIZE_MODE_NEAREST":
-        acc = x[np.where(2 * fy >= ny, y1, y0)][:, np.where(2 * fx >= nx, x1, x0)]
-    elif mode == "RESIZE_MODE_BILINEAR":
-        wy0, wy1 = (ny - fy)[:, None, None], fy[:, None, None]
-        wx0, wx1 = (nx - fx)[None, :, None], fx[None, :, None]
-        acc = (x[y0][:, x0] * wy0 * wx0 + x[y0][:, x1] * wy0 * wx1 + x[y1][:, x0] * wy1 * wx0
-               + x[y1][:, x1] * wy1 * wx1)
-    else:
-        raise UnsupportedCommandError(f"{npu.memory.where}: resize mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
-    _finish(npu, acc << 16, scale_stream=False)
-
-
-@operation("NPU_OP_ELEMENTWISE")
-def elementwise(npu: Npu, command) -> None:
-    """Binary and unary elementwise operations, with IFM2 broadcast or a scalar operand."""
-    mode = command.register.fields[0].enum[command.field(command.register.fields[0].name)]
-    h, w, c = npu.ofm_shape()
-    check_work(h * w * c, npu.memory.where)
-    if npu.u85:
-        return _elementwise_u85(npu, mode, h, w, c)
-    ifm, ofm = FeatureMap.of(npu.regs, "IFM"), FeatureMap.of(npu.regs, "OFM")
-    a, a_zp, b, b_zp = ifm.read(npu.memory, h, w, c), ifm.zero_point, None, 0
-    if mode not in numerics.UNARY:
-        ifm2 = FeatureMap.of(npu.regs, "IFM2")
-        b_zp = ifm2.zero_point
-        if npu.name("IFM2_BROADCAST", "broadcast_constant").endswith("ENABLE"):
-            scalar = "NPU_SET_IFM2_SCALAR"
-            b = np.full((1, 1, 1), npu.regs.signed(scalar, "scalar") if ifm2.signed else npu.regs.value(scalar, "scalar"))
-        else:
-            shape = [1 if npu.name("IFM2_BROADCAST", f"broadcast_{axis}").endswith("_ENABLE") else n
-                     for axis, n in zip("hwc", (h, w, c))]
-            b = ifm2.read(npu.memory, *shape)
-        if npu.name("IFM2_BROADCAST", "operand_order").endswith("ORDER_A"):  # IFM2 is operand A
-            a, a_zp, b, b_zp = b, b_zp, a, a_zp
-        a, b = np.broadcast_arrays(a, b)
-    out = numerics.elementwise(
-        mode, a, b, zero_points=(a_zp, b_zp),
-        input_scale=(npu.name("IFM_PRECISION", "scale_mode"), npu.value("OPA_SCALE", "scale"),
-                     npu.value("OPA_SCALE", "shift"), npu.value("OPB_SCALE", "scale")),
-        round_modes=(npu.name("IFM_PRECISION", "round_mode"), npu.name("OFM_PRECISION", "round_mode")),
-        ofm_scale=(npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")), bits=ifm.bits)
-    if out is None:
-        raise UnsupportedCommandError(f"{npu.memory.where}: elementwise mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
-    ofm.write(npu.memory, npu.activation(out + ofm.zero_point, ofm))
-
-
-def _elementwise_u85(npu: Npu, mode: str, h: int, w: int, c: int) -> None:
-    """U85 elementwise: each operand less its zero point and scaled by its own IFM_SCALE / IFM2_SCALE (as a TOSA
-    RESCALE before the operation), broadcast along the axes its broadcast mode names or the scalar OP_SCALAR, the
-    operation (numerics.U85_ELEMENTWISE), then the OFM scale."""
-    name = mode.removeprefix("ELEMENTWISE_MODE_")
-    operation = numerics.U85_ELEMENTWISE.get(name) or numerics.U85_UNARY.get(name)
-    if operation is None:
-        raise UnsupportedCommandError(f"{npu.memory.where}: elementwise mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
-
-    def operand(prefix: str, scale: str) -> np.ndarray:
-        fm = FeatureMap.of(npu.regs, prefix)
-        broadcast = npu.name(f"{prefix}_BROADCAST", "broadcast_mode").removeprefix("BROADCAST_MODE_")
-        if broadcast == "SCALAR":  # one shared register holds the operand's stored value
-            scalar = "NPU_SET_OP_SCALAR"
-            values = np.full((1, 1, 1), npu.regs.signed(scalar, "scalar", 32) if fm.signed
-                             else npu.regs.value(scalar, "scalar"))
-        else:
-            values = npu.read(fm, *(1 if axis in broadcast.replace("NONE", "") else n
-                                    for axis, n in zip("HWC", (h, w, c))))
-        rounding = U85_IFM_ROUNDING[npu.name(scale, "round_mode")]
-        return numerics.scale_output(values - fm.zero_point, npu.value(scale, "scale"), npu.value(scale, "shift"),
-                                     rounding)
-
-    if name in numerics.U85_UNARY:
-        combined = operation(operand("IFM", "IFM_SCALE"))
-    else:
-        combined = operation(operand("IFM", "IFM_SCALE"), operand("IFM2", "IFM2_SCALE"))
-    ofm = FeatureMap.of(npu.regs, "OFM")
-    out = numerics.scale_output(np.broadcast_to(combined, (h, w, c)), npu.value("OFM_SCALE", "scale"),
-                                npu.value("OFM_SCALE", "shift"), npu.round_mode()) + ofm.zero_point
-    write_ofm(npu, ofm, npu.activation(out, ofm))
-
-
-@operation("NPU_OP_DMA_START")
-def dma(npu: Npu, command) -> None:
-    """A copy between regions (weights streamed from flash, LUTs into internal memory); on U85 also 2-D and 3-D
-    copies, rows gathered or scattered through an index array."""
-    src_region, dst_region = npu.value("DMA0_SRC_REGION", "region"), npu.value("DMA0_DST_REGION", "region")
-    src, dst, length = npu.value("DMA0_SRC", "addr"), npu.value("DMA0_DST", "addr"), npu.value("DMA0_LEN", "addr")  # regor names the length "addr"
-    check_work(length, npu.memory.where)
-    linear = npu.name("DMA0_SRC_REGION", "stride_mode") in ("", "DMA_STRIDE_MODE_D1")
-    indexed = npu.u85 and any(npu.name(f"DMA0_{end}_REGION", "idx_mode").endswith("ENABLED") for end in ("SRC", "DST"))
-    if npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
-        if not linear or indexed:
-            raise UnsupportedCommandError(f"{npu.memory.where}: a strided or indexed DMA into internal memory is not "
-                                          "simulated", "run the program's TOSA instead (tosakit run --engine tosa)")
-        if dst < npu.shram.size - LUT_BYTES or dst + length > npu.shram.size:
-            raise TosakitError(f"{npu.memory.where} writes internal bytes [{dst:#x}, {dst + length:#x}), outside "
-                               f"its LUT area [{npu.shram.size - LUT_BYTES:#x}, {npu.shram.size:#x})",
-                               "the command stream is corrupt: recompile the program")
-        npu.shram[dst: dst + length] = np.frombuffer(npu.memory.read_bytes(src_region, src, length), np.uint8)
-        at = dst - (npu.shram.size - LUT_BYTES)
-        npu.lut_written[at: at + length] = True
-    elif linear and not indexed:
-        npu.memory.copy(src_region, src, dst_region, dst, length)
-    elif npu.u85:
-        _rows_dma(npu, (src_region, src), (dst_region, dst), length)
-    else:
-        raise UnsupportedCommandError(f"{npu.memory.where}: 2-D and 3-D DMA are not simulated yet on the Ethos-U55/U65",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
-
-
-def _rows_dma(npu: Npu, source: tuple[int, int], dest: tuple[int, int], length: int) -> None:
-    """U85 2-D/3-D DMA: SIZE1 blocks of SIZE0 rows of LEN bytes, each end stepping by its STRIDE0 per row and its
-    STRIDE1 per block; with an index array (int32, read in order, IDX_SKIP1 more bytes skipped per block) the
-    indexed end's row is the index (a gather reads, a scatter writes, row idx; an index above IDX_MAX is an error)."""
-    mode = npu.name("DMA0_SRC_REGION", "stride_mode")
-    size0 = 1 if mode.endswith("D1") else npu.value("DMA0_SIZE0", "size")
-    size1 = npu.value("DMA0_SIZE1", "size") if mode.endswith("D3") else 1
-    check_work(size0 * size1 * length, npu.memory.where)
-    npu.memory.check_extent(dest[0], (size1, size0, length), 1, "writes")  # before any address array is made
-    block, row = np.arange(size1, dtype=np.int64)[:, None], np.arange(size0, dtype=np.int64)[None, :]
-    rows = {"SRC": row, "DST": row}
-    for end in rows:
-        if npu.name(f"DMA0_{end}_REGION", "idx_mode").endswith("ENABLED"):
-            skip = npu.value("DMA0_IDX_SKIP1", "addr") if mode.endswith("D3") else 0
-            at = npu.value("DMA0_IDX", "addr") + 4 * (block * size0 + row) + block * skip
-            index = npu.memory.read(npu.value("DMA0_IDX_REGION", "region"), at, np.int32)
-            bound = npu.value("DMA0_IDX_MAX", "idx_max")
-            if index.size and (index.min() < 0 or index.max() > bound):
-                bad = int(index[(index < 0) | (index > bound)][0])
-                raise TosakitError(f"{npu.memory.where} {'gathers' if end == 'SRC' else 'scatters'} row {bad}, outside "
-                                   f"0..{bound} (IDX_MAX)", "the program's indices are out of range for the tensor")
-            rows[end] = index
-
-    def addresses(end: str, start: int) -> np.ndarray:
-        step0, step1 = (npu.value(f"DMA0_{end}_STRIDE{i}", "addr") for i in (0, 1))
-        first = start + block * (step1 if size1 > 1 else 0) + rows[end] * step0
-        return first[:, :, None] + np.arange(length, dtype=np.int64)
-
-    values = npu.memory.read(source[0], addresses("SRC", source[1]), np.uint8)
-    npu.memory.write(dest[0], addresses("DST", dest[1]), values, np.uint8)
-
-
 def weight_streams(commands, register_map: dict, constant: bytes, budget: int) -> list[bytes]:
     """The weight streams the convolutions of ``commands`` will read, in order, found from the registers alone
     (no data flows into them): read from the constant region, or from where a DMA copied them from it. A guess
     that only speeds a run up (the codec decodes them ahead): at most ``budget`` bytes, each stream once."""
     regs, copies, found, total = Registers(register_map), deque(maxlen=64), {}, 0  # recent copies only
     value = lambda register, field: regs.value(f"NPU_SET_{register}", field)  # noqa: E731
+    formats = "NPU_SET_WEIGHT_FORMAT" in regs.by_name  # U85: a stream may be in its fast-decode format
     for command in commands:
         name = command.register.name
         if name == "NPU_OP_DMA_START":
             copies.append((value("DMA0_DST_REGION", "region"), value("DMA0_DST", "addr"),
                            value("DMA0_LEN", "addr"), value("DMA0_SRC_REGION", "region"), value("DMA0_SRC", "addr")))
-        elif name in ("NPU_OP_CONV", "NPU_OP_DEPTHWISE") and not value("WEIGHT_FORMAT", "weight_format"):
+        elif name in ("NPU_OP_CONV", "NPU_OP_DEPTHWISE") and not (formats and value("WEIGHT_FORMAT", "weight_format")):
             # (a U85 fast-decode stream is not Vela's codec's to decode)
             region, start = value("WEIGHT_REGION", "region"), value("WEIGHT_BASE", "addr")
             length = value("WEIGHT_LENGTH", "length")
@@ -613,4 +397,4 @@ def weight_streams(commands, register_map: dict, constant: bytes, budget: int) -
 
 for _wait in ("NPU_OP_DMA_WAIT", "NPU_OP_KERNEL_WAIT", "NPU_OP_PMU_MASK", "NPU_OP_IRQ", "NPU_OP_STOP"):
     # Operations complete in order on the host: waits, interrupts and performance counters change no data.
-    OPERATIONS[_wait] = lambda npu, command: None
+    operation(_wait)(lambda npu, command: None)

@@ -10,13 +10,13 @@ import numpy as np
 
 from ...backends.ethosu.payload import EthosUPayload
 from ...errors import TosakitError
-from .commands import decode
-from .memory import Memory, Region
+from . import executors  # noqa: F401  (fills the operation table)
 from . import weights
 from .codec import CODEC
-from .npu import Npu, weight_streams
+from .commands import CommandStream, NotSimulatedError, decode
+from .memory import Memory, Region
+from .npu import OPERATIONS, U85_RUNS, Npu, weight_streams
 from .registers import register_map
-
 
 
 @dataclass
@@ -55,13 +55,35 @@ def memory_needed(payload: EthosUPayload) -> int:
     return 2 * (payload.scratch_size + len(payload.weight_data) + FAST_SCRATCH_BYTES)
 
 
+def require_simulated(stream: CommandStream) -> CommandStream:
+    """``stream``, when the simulator runs everything it sets (all of an Ethos-U55/U65 stream; on the U85 what the
+    executors declare, ``npu.U85_RUNS``); NotSimulatedError naming the first command it does not run otherwise."""
+    config = stream.accelerator_config
+    if config.product != "ethos-u85":
+        return stream
+    for c in stream.commands:
+        name, reason = c.register.name, None
+        if name.startswith("NPU_OP_") and name not in OPERATIONS:
+            reason = name
+        for f in c.register.fields:
+            allowed = U85_RUNS.get((name, f.name))
+            shown = f.enum[c.field(f.name)] if f.enum else c.field(f.name)
+            if allowed is not None and shown not in allowed:
+                reason = f"{name} {f.name} = {shown}"
+        if reason:
+            raise NotSimulatedError(f"an Ethos-U85 command stream ({config.accelerator}) the simulator does not run "
+                                    f"yet: the command at offset {c.offset:#08x} ({reason})",
+                                    "run the delegate's TOSA instead (tosakit run --engine tosa)")
+    return stream
+
+
 def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str | None = None,
              deadline: float | None = None, max_memory: int = 1 << 31, observe=None) -> Simulation:
     """Execute ``payload``'s command stream on ``inputs`` (integer arrays, one per I/O-table input) on
     ``accelerator`` (by default the one the stream's header names), stopping with an error past ``deadline``
     (a ``time.monotonic()`` value); refused before anything is allocated if its regions need more than
     ``max_memory`` bytes. ``observe(npu, command)`` is called after each operation."""
-    stream = decode(payload.cmd_data, accelerator).require_simulated()
+    stream = require_simulated(decode(payload.cmd_data, accelerator))
     accelerator = stream.accelerator_config.accelerator
     if memory_needed(payload) > max_memory:
         raise TosakitError(f"simulating the Ethos-U delegate needs {memory_needed(payload)} bytes (scratch "

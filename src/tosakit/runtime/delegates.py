@@ -1,4 +1,6 @@
-"""Run TOSA on the reference model, and check each delegate against the graph it replaced."""
+"""Delegates run in this process from their TOSA on the reference model — alone (``run_stored``,
+``run_delegate``) or inside their edge program (``run_edge``) — and each checked against the graph it replaced
+(``check_delegates``, against ``evaluate_exact``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from ..capture import with_state
 from ..program import EdgeProgramManager, LoweredBackendModule
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import is_dequantize, is_quantize, qparams_of
-from .refmodel import run_tosa
+from .tosa_inprocess import run_tosa
 
 
 def run_stored(tosa: bytes, tensors: list[torch.Tensor], in_orders, out_orders,

@@ -8,20 +8,26 @@ and is otherwise listed as not compared, with the reason."""
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..backends.ethosu.payload import EthosUPayload, parse_payload
 from ..errors import TosakitError
-from .ethosu.featuremap import FeatureMap
-from .ethosu.simulate import simulate
-from .refmodel import run_tosa
+from ..native import captured_output
+from ..runtime.ethosu.commands import NotSimulatedError, decode
+from ..runtime.ethosu.featuremap import FeatureMap
+from ..runtime.ethosu.simulate import require_simulated, simulate
+from ..runtime.records import NpuCall
+from ..runtime.tosa_inprocess import run_tosa
+from ..runtime.tosa_sandbox import IsolatedReferenceModel
+from ..runtime.tosa_validate import check_tosa
 
 if TYPE_CHECKING:  # Vela's compiler is imported only when an operation map is made
-    from ..backends.ethosu.payload import EthosUPayload
-    from ..backends.ethosu.vela import OperationMap
+    from .operation_map import OperationMap
 
 COMPUTE = ("NPU_OP_CONV", "NPU_OP_DEPTHWISE", "NPU_OP_POOL", "NPU_OP_ELEMENTWISE")
 
@@ -86,8 +92,8 @@ def _tensor_names(tosa: bytes) -> list[str]:
 
 
 def compare_delegate(name: str, module, args: tuple) -> list[NpuOpReport]:
-    """An Ethos-U55/U65 delegate (a LoweredBackendModule and the tensors it is called with) per NPU operation;
-    nothing for other delegates or streams the simulator does not run."""
+    """An Ethos-U delegate (a LoweredBackendModule and the tensors it is called with) per NPU operation; nothing
+    for other delegates or streams the simulator does not run."""
     if module.backend_id != "EthosUBackend":
         return []
     arrays = [x.detach().permute(tuple(order)).contiguous().reshape(-1).numpy()
@@ -103,13 +109,11 @@ def vela_flags(compile_specs) -> list[str]:
 def compare_payload(name: str, tosa: bytes, blob: bytes, flags: list[str], arrays: list[np.ndarray]) -> list[NpuOpReport]:
     """A delegate payload ``blob`` compiled by Vela with ``flags`` from ``tosa``, on its stored input ``arrays``,
     per NPU operation (nothing for a stream the simulator does not run)."""
-    from ..backends.ethosu.payload import parse_payload
-    from ..backends.ethosu.vela import operation_map
-    from .ethosu.commands import NotSimulatedError, decode
+    from .operation_map import operation_map
 
     payload = parse_payload(blob)
     try:
-        decode(payload.cmd_data).require_simulated()
+        require_simulated(decode(payload.cmd_data))
     except NotSimulatedError:
         return []
     return compare_operations(name, tosa, payload, operation_map(tosa, flags, payload.cmd_data), arrays)
@@ -121,8 +125,6 @@ def compare_operations(delegate: str, tosa: bytes, payload: EthosUPayload, mappi
     operation of ``mapping`` with the reference model's value of the tensor it writes."""
     if mapping.why is not None:
         return [NpuOpReport(delegate, 0, "-", "-", "-", 0, 0, 0, f"no exact map of operations: {mapping.why}")]
-    from .tosa_check import check_tosa
-
     shapes = [t.shape for t in check_tosa(tosa, delegate, 1 << 31).inputs]
     exposed, order = with_outputs(tosa, _tensor_names(tosa))
     tensors = dict(zip(order, run_tosa(exposed, [x.reshape(s) for x, s in zip(inputs, shapes)])))
@@ -160,6 +162,34 @@ def compare_operations(delegate: str, tosa: bytes, payload: EthosUPayload, mappi
         reports.append(NpuOpReport(delegate, ran[0], op.vela_op, tosa_op, op.ofm, int(diff.size),
                                    int((diff > 0).sum()), int(diff.max(initial=0))))
     return reports
+
+
+def compare_call(call: NpuCall) -> list[NpuOpReport]:
+    """A delegate call of a program run (``LoadedProgram.run_and_check``) per NPU operation: Vela on its TOSA,
+    the simulator and the reference model, in the run's sandbox for a file from anywhere."""
+    flags = vela_flags(call.compile_specs)
+    if call.sandbox is None:
+        return compare_payload(call.name, call.tosa, call.payload, flags, call.inputs)
+    return _in_sandbox(call.sandbox, call, flags)
+
+
+def _in_sandbox(sandbox: IsolatedReferenceModel, call: NpuCall, flags: list[str]) -> list[NpuOpReport]:
+    request = {"handler": np.array(f"{__name__}:serve_call"), "payload": np.frombuffer(call.payload, dtype=np.uint8),
+               "tosa": np.frombuffer(call.tosa, dtype=np.uint8), "flags": np.array(json.dumps(flags)),
+               "name": np.array(call.name), "deadline": np.array(sandbox.deadline)}
+    reply = sandbox.call(request, call.inputs, call.name, "the per-operation check")
+    if "error" in reply or "bug" in reply:
+        message = reply["error"].item() if "error" in reply else reply["bug"].item()
+        raise TosakitError(f"{call.name}: the per-operation check failed: {message}", "report the program to tosakit")
+    return [NpuOpReport(**row) for row in json.loads(reply["rows"].item())]
+
+
+def serve_call(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The sandbox's handler of ``_in_sandbox``'s request, in the child."""
+    with captured_output((1, 2)):
+        rows = compare_payload(request["name"].item(), request["tosa"].tobytes(), request["payload"].tobytes(),
+                               json.loads(request["flags"].item()), inputs)
+    return {"rows": np.array(json.dumps([vars(r) for r in rows]))}
 
 
 def _box(full: np.ndarray, op) -> tuple[np.ndarray | None, str]:
