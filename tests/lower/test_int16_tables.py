@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_npu_bit_exact, ethosu_delegates
-from op_cases import Fn
+from support.npu import assert_npu_bit_exact, ethosu_delegates
+from support.op_cases import Fn
 from tosakit.flow import compile
 from tosakit.program import LoweredBackendModule
 from tosakit.quantize import get_symmetric_a16w8_quantization_config

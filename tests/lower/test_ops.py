@@ -1,5 +1,7 @@
-"""Every lowered op, four ways: _fp (TOSA FP vs PyTorch), _int (TOSA INT vs the fake-quantized
-model), _u55 and _u85 (quantized, compiled by Vela with every op on the NPU)."""
+"""Every op table, one family, four ways: _fp (TOSA FP vs PyTorch), _int (TOSA INT vs the fake-quantized model),
+_u55 and _u85 (quantized, compiled by Vela with every op on the NPU; on U55/U65 the command stream simulated bit for
+bit); _u55_refused, what Ethos-U55/U65 cannot run stays on the CPU with the reason. The 16-bit table (a16w8) also
+checks that its delegates take int16 activations and hold the case's TOSA op, and simulates its U85 streams."""
 
 from __future__ import annotations
 
@@ -7,180 +9,76 @@ import pytest
 import torch
 from torch import nn
 
-from op_cases import OpTable, build_case, flavour_params, seed_inputs
+from support.npu import assert_u85_bit_exact, ethosu_delegates
+from support.op_cases import Atan2, seed_inputs
+from support.op_tables import TABLES
+from support.op_tables.ops import Softmax
 
 pytestmark = pytest.mark.numerics
 
 
-class Add(nn.Module):
-    def forward(self, x, y):
-        return x + y
+def _params(flavour: str) -> list:
+    return [param for table in TABLES for param in table.params(flavour)]
 
 
-class AddScalar(nn.Module):
-    def forward(self, x):
-        return x + 0.5
+def _assert_int16_op(compiled, tosa_op: str):
+    """Every delegate's activations are int16 (no int8 tensor crosses its boundary), and one holds ``tosa_op``."""
+    from tosakit.program import LoweredBackendModule
+    from tosakit.runtime.tosa_check import check_tosa
+
+    delegates = [m for m in compiled.edge.program.graph_module.children() if isinstance(m, LoweredBackendModule)]
+    assert delegates
+    for m in delegates:
+        io = check_tosa(m.tosa, "delegate", 1 << 31)
+        dtypes = {t.dtype for t in io.inputs + io.outputs}
+        assert "INT16" in dtypes and dtypes <= {"INT16", "INT32", "BOOL"}, dtypes
+    assert any(tosa_op in d.tosa_ops for d in compiled.edge.delegates)
 
 
-class AddBroadcast(nn.Module):
-    def forward(self, x, y):
-        return x + y  # y: [1, C, 1, 1]
+def _check(table, name, compiled):
+    """The table's own checks of a quantized case (the 16-bit table's int16 activations and TOSA op)."""
+    if table.cases[name].tosa_op is not None:
+        _assert_int16_op(compiled, table.cases[name].tosa_op)
 
 
-class AddRelu(nn.Module):
-    def forward(self, x, y):
-        return torch.relu(x + y)
-
-
-class Sub(nn.Module):
-    def forward(self, x, y):
-        return x - y
-
-
-class Mul(nn.Module):
-    def forward(self, x, y):
-        return x * y
-
-
-class Relu(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-class Hardtanh(nn.Module):
-    def forward(self, x):
-        return nn.functional.hardtanh(x, -0.5, 1.5)
-
-
-class Relu6(nn.Module):
-    def forward(self, x):
-        return nn.functional.relu6(x * 4)
-
-
-class ConvBnRelu6(nn.Module):
-    """Conv with batch norm folded into it and a fused ReLU6 (MobileNet's block)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(8, 16, 3, 1, 1, bias=False)
-        self.bn = nn.BatchNorm2d(16)
-        self.act = nn.ReLU6()
-        with torch.no_grad():
-            self.bn.running_mean.uniform_(-0.5, 0.5)
-            self.bn.running_var.uniform_(0.5, 2.0)
-            self.bn.weight.uniform_(0.5, 1.5)
-            self.bn.bias.uniform_(-0.2, 0.2)
-
-    def forward(self, x):
-        return self.act(self.bn(self.conv(x)))
-
-
-class Mean(nn.Module):
-    def __init__(self, dims, keepdim):
-        super().__init__()
-        self.dims, self.keepdim = dims, keepdim
-
-    def forward(self, x):
-        return x.mean(self.dims, keepdim=self.keepdim)
-
-
-class Flatten(nn.Module):
-    def forward(self, x):
-        return torch.flatten(torch.relu(x), 1)
-
-
-class ViewReshape(nn.Module):
-    def forward(self, x):
-        y = x.view(x.shape[0], -1, 4)
-        return y.reshape(x.shape[0], 4, -1) * 2
-
-
-class Permute(nn.Module):
-    def forward(self, x):
-        return torch.relu(x.permute(0, 2, 3, 1)).reshape(1, -1)
-
-
-class Softmax(nn.Module):
-    def forward(self, x):
-        return torch.softmax(x, dim=-1)
-
-
-class Sigmoid(nn.Module):
-    def forward(self, x):
-        return torch.sigmoid(x)
-
-
-# name -> (module factory, input shapes, which flavours apply)
-ALL = ("fp", "int", "u55", "u85")
-CASES = {
-    "conv2d_bias": (lambda: nn.Conv2d(8, 16, 3, 1, 1), [(1, 8, 16, 16)], ALL),
-    "conv2d_stride2_pad1": (lambda: nn.Conv2d(8, 16, 3, 2, 1), [(1, 8, 17, 17)], ALL),
-    "conv2d_1x1_nobias": (lambda: nn.Conv2d(16, 32, 1, bias=False), [(1, 16, 8, 8)], ALL),
-    "conv2d_5x5_pad2": (lambda: nn.Conv2d(4, 8, 5, 1, 2), [(1, 4, 12, 12)], ALL),
-    "conv2d_depthwise": (lambda: nn.Conv2d(16, 16, 3, 1, 1, groups=16), [(1, 16, 12, 12)], ALL),
-    "conv2d_depthwise_stride2": (lambda: nn.Conv2d(16, 16, 3, 2, 1, groups=16, bias=False), [(1, 16, 14, 14)], ALL),
-    "conv2d_depthwise_multiplier": (lambda: nn.Conv2d(8, 16, 3, 1, 1, groups=8), [(1, 8, 10, 10)], ALL),
-    "conv2d_bn_relu6": (ConvBnRelu6, [(1, 8, 12, 12)], ALL),
-    "conv1d": (lambda: nn.Conv1d(8, 16, 3, 1, 1), [(1, 8, 32)], ALL),
-    "linear": (lambda: nn.Linear(32, 16), [(2, 32)], ALL),
-    "linear_3d": (lambda: nn.Linear(16, 8), [(1, 5, 16)], ALL),
-    "linear_relu": (lambda: nn.Sequential(nn.Linear(32, 16), nn.ReLU()), [(1, 32)], ALL),
-    "add": (Add, [(1, 8, 6, 6), (1, 8, 6, 6)], ALL),
-    "add_scalar": (AddScalar, [(1, 8, 6, 6)], ALL),
-    "add_broadcast": (AddBroadcast, [(1, 8, 6, 6), (1, 8, 1, 1)], ALL),
-    "add_relu": (AddRelu, [(2, 16), (2, 16)], ALL),
-    "sub": (Sub, [(1, 4, 5, 5), (1, 4, 5, 5)], ALL),
-    "mul": (Mul, [(1, 4, 5, 5), (1, 4, 5, 5)], ALL),
-    "relu": (Relu, [(1, 8, 5, 5)], ALL),
-    "hardtanh": (Hardtanh, [(1, 8, 5, 5)], ALL),
-    "relu6": (Relu6, [(1, 8, 5, 5)], ALL),
-    "adaptive_avg_pool2d": (lambda: nn.AdaptiveAvgPool2d(1), [(1, 16, 7, 7)], ALL),
-    "mean_hw_keepdim": (lambda: Mean((2, 3), True), [(1, 8, 6, 6)], ALL),
-    "mean_hw": (lambda: Mean((-1, -2), False), [(1, 8, 6, 6)], ALL),
-    "mean_last": (lambda: Mean((-1,), True), [(1, 4, 16)], ALL),
-    "avg_pool2d": (lambda: nn.AvgPool2d(2, 2), [(1, 8, 8, 8)], ALL),
-    "max_pool2d": (lambda: nn.MaxPool2d(3, 2, 1), [(1, 8, 9, 9)], ALL),
-    "flatten": (Flatten, [(1, 8, 2, 2)], ALL),
-    "view_reshape": (ViewReshape, [(2, 4, 8)], ALL),
-    "permute": (Permute, [(1, 4, 3, 5)], ALL),
-    "softmax": (Softmax, [(2, 10)], ("fp",)),
-    "sigmoid": (Sigmoid, [(1, 4, 8)], ALL),
-}
-
-
-def _params(flavour):
-    return flavour_params(CASES, flavour)
-
-
-def _case(name):
-    return build_case(CASES, name)
-
-
-OP_TABLE = OpTable({name: case[-1] for name, case in CASES.items()}, _case)
-
-
-@pytest.mark.parametrize("name", _params("fp"))
-def test_op_fp(harness, name):
-    module, inputs = _case(name)
+@pytest.mark.parametrize("table,name", _params("fp"))
+def test_op_fp(harness, table, name):
+    module, inputs = table.build(name)
     harness.fp(module, inputs)
 
 
-@pytest.mark.parametrize("name", _params("int"))
-def test_op_int(harness, name):
-    module, inputs = _case(name)
-    harness.int(module, inputs)
+@pytest.mark.parametrize("table,name", _params("int"))
+def test_op_int(harness, table, name):
+    module, inputs = table.build(name)
+    _check(table, name, harness.int(module, inputs, **table.compile_kw()))
 
 
-@pytest.mark.parametrize("name", _params("u55"))
-def test_op_u55(harness, name):
-    module, inputs = _case(name)
-    harness.ethosu(module, inputs, "ethos-u55-128", case=name)
+@pytest.mark.parametrize("table,name", _params("u55"))
+def test_op_u55(harness, table, name):
+    module, inputs = table.build(name)
+    _check(table, name, harness.ethosu(module, inputs, "ethos-u55-128", case=name, **table.compile_kw()))
 
 
-@pytest.mark.parametrize("name", _params("u85"))
-def test_op_u85(harness, name):
-    module, inputs = _case(name)
-    harness.ethosu(module, inputs, "ethos-u85-256")
+@pytest.mark.parametrize("table,name", _params("u85"))
+def test_op_u85(harness, table, name):
+    module, inputs = table.build(name)
+    compiled = harness.ethosu(module, inputs, "ethos-u85-256", **table.compile_kw())
+    _check(table, name, compiled)
+    if table.u85_seeds:
+        assert_u85_bit_exact(ethosu_delegates(compiled), seeds=table.u85_seeds)
+
+
+@pytest.mark.parametrize("table,name", [param for table in TABLES for param in table.refused_params()])
+def test_op_u55_refused(harness, table, name):
+    """What Ethos-U55/U65 cannot run (comparisons, logic, selection, bool casts; MATMUL, SELECT or GATHER in int16)
+    stays on the CPU, every reason naming the target's limit (not a missing lowering)."""
+    module, inputs = table.build(name)
+    compiled = harness.compile(module, inputs, "ethos-u55-128", quantize=True, **table.compile_kw())
+    reasons = [p.reason for p in harness.cpu_compute(compiled)]
+    assert reasons, "nothing was left on the CPU"
+    assert all(table.u55_limit in r for r in reasons), reasons
+    assert table.cases[name].u55_reason is None or table.cases[name].u55_reason in reasons, reasons
+    assert not any("no int16 (a16w8) lowering" in r for r in reasons), reasons
 
 
 def test_float_softmax_runs_on_the_cpu_without_delegation(harness):
@@ -203,18 +101,6 @@ def test_quantized_softmax_runs_on_the_npu(harness):
     [delegate] = compiled.edge.delegates
     assert delegate.tosa_ops.get("TABLE", 0) >= 2 and "REDUCE_SUM" in delegate.tosa_ops
     harness.assert_checks(compiled, seed_inputs((1, 16)))
-
-
-class Atan2(nn.Module):
-    """A float op no target lowers (atan2), between quantized layers."""
-
-    def __init__(self):
-        super().__init__()
-        self.first, self.second = nn.Linear(16, 8), nn.Linear(8, 4)
-
-    def forward(self, x):
-        y = self.first(x)
-        return self.second(torch.atan2(y, y + 3))
 
 
 def test_op_without_lowering_runs_on_cpu_between_delegates(harness, tmp_path, et_oracle):

@@ -5,18 +5,18 @@ than once: see ``ProgramCheck.cpu_only``) and `tosakit run`'s."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from op_cases import Fn, seed_inputs
+from support.op_cases import Fn, seed_inputs
+from support.op_tables import INT8_TABLES
+from support.op_tables.layers import TOKENS, TokenEmbedding
 
 pytestmark = pytest.mark.numerics
 
-TABLES = ("test_ops", "test_ops_layers", "test_ops_elementwise", "test_ops_shape")
 
 
 def _fn(fn, *shapes):
@@ -30,9 +30,8 @@ def _conv_pool_channels_last():
 
 
 def _embedding():
-    layers = importlib.import_module("test_ops_layers")
     torch.manual_seed(0)
-    return layers.TokenEmbedding().eval(), layers.TOKENS
+    return TokenEmbedding().eval(), TOKENS
 
 
 # Ops tested outside the four op tables (their own test functions there), as (builder, quantizable).
@@ -66,10 +65,9 @@ EXTRA = {
 def _cases():
     """(id, builder, flavours) for every case of every op table, and the extras."""
     cases = []
-    for table in TABLES:
-        op_table = importlib.import_module(table).OP_TABLE
-        for name, flavours in op_table.flavours.items():
-            cases.append((f"{table[len('test_'):]}.{name}", lambda t=op_table, n=name: t.build(n), flavours))
+    for table in INT8_TABLES:
+        for name, flavours in table.flavours.items():
+            cases.append((f"{table.name}.{name}", lambda t=table, n=name: t.build(n), flavours))
     for name, (build, quantizable) in EXTRA.items():
         cases.append((f"extra.{name}", build, ("fp", "int") if quantizable else ("fp",)))
     return cases
@@ -164,7 +162,7 @@ def test_kernel_schemas_are_the_runtimes(et_oracle):
 
     theirs = et_oracle.kernel_schemas()
     ours = kernel_schemas()
-    text = (Path(__file__).resolve().parents[1] / "src/tosakit/program/kernels.txt").read_text()
+    text = (Path(__file__).resolve().parents[2] / "src/tosakit/program/kernels.txt").read_text()
     lines = {ln.split("(")[0]: ln for ln in text.splitlines() if ln and not ln.startswith("#")}
     assert {k: lines[k] for k in ours} == {k: theirs[k] for k in ours}
     split = ours["aten::split_with_sizes_copy.out"]

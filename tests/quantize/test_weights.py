@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_npu_bit_exact, ethosu_delegates
+from support.npu import assert_npu_bit_exact, ethosu_delegates
 
 from tosakit import get_symmetric_a8w4_quantization_config
 from tosakit.flow import compile

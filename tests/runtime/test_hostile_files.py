@@ -17,7 +17,7 @@ from tosakit.program import schema as S
 from tosakit.program.pte import deserialize_pte, serialize_pte
 from tosakit.runtime import Limits, LoadedProgram
 
-FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
+FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
 sys.path.insert(0, str(FUZZ))
 from attacks import REPRODUCERS, edit, run_cli, write  # noqa: E402
 from seeds import build_seeds  # noqa: E402

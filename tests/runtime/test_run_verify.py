@@ -11,7 +11,7 @@ import torch
 from tosakit.cli import CompileOptions, compile_model, main
 from tosakit.runtime import load
 from tosakit.runtime.io import random_inputs
-from op_cases import sweep_models
+from support.op_cases import sweep_models
 from tosakit.zoo import MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]

@@ -18,7 +18,7 @@ from tosakit.cli import CompileOptions, compile_model, main
 from tosakit.runtime import load
 from tosakit.runtime import pools as M
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "tests" / "oracle" / "memory_runner.cpp"
 BIG_POOL = 1 << 26
 
@@ -179,7 +179,7 @@ def test_run_refuses_a_temp_pool_too_small(programs, capsys):
 def test_compile_states_the_fast_scratch_the_stream_addresses(tmp_path, capsys):
     """Dedicated_Sram: the fast scratch the compile summary states is the span of region 2 the command stream
     addresses when it runs (the simulator's figure), not a guess."""
-    from conftest import ethosu_delegates, npu_inputs
+    from support.npu import ethosu_delegates, npu_inputs
 
     from tosakit.flow import compile
     from tosakit.runtime.ethosu.simulate import simulate

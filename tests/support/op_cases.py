@@ -1,5 +1,6 @@
-"""Shared by the per-op test tables (test_ops.py, test_ops_layers.py): a case is
-``name -> (module factory, input shapes, flavours)``; inputs are seeded."""
+"""The op tables' machinery: a case is data (module factory, inputs, flavours), a table a named dict of cases
+that the one family of op tests (tests/lower/test_ops.py) and the sweeps beyond it (CPU programs, the
+simulator's configurations) run; inputs are seeded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Callable
 
 import pytest
 import torch
+
+ALL = ("fp", "int", "u55", "u85")
 
 
 class Fn(torch.nn.Module):
@@ -21,30 +24,84 @@ class Fn(torch.nn.Module):
         return self.fn(*xs)
 
 
+class Atan2(torch.nn.Module):
+    """A float op no target lowers (atan2), between quantized layers taking ``width`` features."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(width, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.first(x)
+        return self.second(torch.atan2(y, y + 3))
+
+
 def seed_inputs(*shapes) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     return tuple(torch.randn(*s, generator=g) for s in shapes)
 
 
-def flavour_params(cases: dict, flavour: str) -> list:
-    """One pytest param per case that runs in ``flavour``, its id ``<name>_<flavour>``."""
-    return [pytest.param(name, id=f"{name}_{flavour}") for name, (_, _, flavours) in cases.items()
-            if flavour in flavours]
+def positive_inputs(*shapes) -> tuple[torch.Tensor, ...]:
+    """Seeded inputs in [0.25, 2.25) (for log, sqrt, division, ...)."""
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.rand(*s, generator=g) * 2 + 0.25 for s in shapes)
 
 
-def build_case(cases: dict, name: str) -> tuple[torch.nn.Module, tuple]:
-    factory, shapes, _ = cases[name]
-    torch.manual_seed(0)
-    return factory().eval(), seed_inputs(*shapes)
+@dataclass(frozen=True)
+class OpCase:
+    """One op test: ``factory`` builds the module (after ``torch.manual_seed(0)``); ``inputs`` are shapes of seeded
+    floats (positive ones with ``positive``) or tensors taken as they are (int32 indices); ``flavours`` the ways it
+    runs (fp, int, u55, u85). ``tosa_op`` is the TOSA op a delegate must hold (16-bit tables); ``u55_reason`` the
+    reason the partitioner gives for keeping it off Ethos-U55/U65 when the U55 is not among its flavours."""
+
+    factory: Callable[[], torch.nn.Module]
+    inputs: tuple
+    flavours: tuple[str, ...] = ALL
+    positive: bool = False
+    tosa_op: str | None = None
+    u55_reason: str | None = None
+
+    def build(self) -> tuple[torch.nn.Module, tuple]:
+        """The eval-mode module and its seeded inputs."""
+        shapes = [s for s in self.inputs if not isinstance(s, torch.Tensor)]
+        floats = iter(positive_inputs(*shapes) if self.positive else seed_inputs(*shapes))
+        torch.manual_seed(0)
+        module = self.factory().eval()
+        return module, tuple(s.clone() if isinstance(s, torch.Tensor) else next(floats) for s in self.inputs)
 
 
 @dataclass(frozen=True)
 class OpTable:
-    """One test module's op cases, for sweeps beyond it (CPU programs): each case's flavours, and a
-    builder ``name -> (eval-mode module, seeded inputs)``."""
+    """A named table of op cases. ``config`` makes the quantization config its quantized flavours use (None: the
+    default int8); every reason for keeping a case off the U55 names ``u55_limit``; ``u85_seeds``, where the op tests
+themselves simulate its Ethos-U85 streams (the int8 tables' run in test_ethosu_sim)."""
 
-    flavours: dict[str, tuple[str, ...]]
-    build: Callable[[str], tuple[torch.nn.Module, tuple]]
+    name: str
+    cases: dict[str, OpCase]
+    config: Callable[[], object] | None = None
+    u55_limit: str = "Ethos-U55/U65 TOSA subset"
+    u85_seeds: tuple[int, ...] = ()
+
+    @property
+    def flavours(self) -> dict[str, tuple[str, ...]]:
+        return {name: case.flavours for name, case in self.cases.items()}
+
+    def build(self, name: str) -> tuple[torch.nn.Module, tuple]:
+        return self.cases[name].build()
+
+    def compile_kw(self) -> dict:
+        """``compile``'s quantization keywords for this table."""
+        return {"config": self.config()} if self.config is not None else {}
+
+    def params(self, flavour: str) -> list:
+        """One pytest param (table, case name) per case that runs in ``flavour``, its id ``<table>.<name>``."""
+        return [pytest.param(self, name, id=f"{self.name}.{name}") for name, case in self.cases.items()
+                if flavour in case.flavours]
+
+    def refused_params(self) -> list:
+        """The cases Ethos-U85 runs and Ethos-U55/U65 refuse."""
+        return [pytest.param(self, name, id=f"{self.name}.{name}") for name, case in self.cases.items()
+                if "u85" in case.flavours and "u55" not in case.flavours]
 
 
 # The networks ExecuTorch's Arm backend tests end to end, in the zoo for test_zoo's four flavours, the simulator

@@ -93,7 +93,7 @@ def test_a16w8_prefill_runs_whole_on_the_npu_u85():
     SiLU, rsqrt and reciprocal as int16 TABLEs. Every delegated layer is within one step of the exact
     fake-quantized layer but the TABLEs, whose 128-input segments a straight line cannot follow where the
     function bends or nears a pole over the range calibrated here (rsqrt 12-33 steps, reciprocal up to 685 of
-    32767, SiLU 17; the format's limits pinned in tests/test_int16_tables.py)."""
+    32767, SiLU 17; the format's limits pinned in tests/lower/test_int16_tables.py)."""
     from tosakit.flow import compile
     from tosakit.quantize import get_symmetric_a16w8_quantization_config
     from tosakit.runtime.verify import layer_reports

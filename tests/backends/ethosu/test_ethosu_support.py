@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from support.op_cases import Atan2
 from tosakit.backends.ethosu.support import U55_U65, U85, limits_for
 from tosakit.flow import compile
 from tosakit.lower.tosa_graph import Attr, DType, EmittedOp, TensorInfo
@@ -79,16 +80,7 @@ def test_partitioning_reuses_the_vela_compile(monkeypatch):
 @pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
 def test_ethosu_reasons_reach_the_report(target):
     """An op no target lowers, between quantized layers on Ethos-U: the placement names it and says why."""
-    class Atan2(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 4)
-
-        def forward(self, x):
-            y = self.first(x)
-            return self.second(torch.atan2(y, y + 3))
-
-    compiled = compile(Atan2().eval(), (torch.randn(1, 8),), target, quantize=True)
+    compiled = compile(Atan2(8).eval(), (torch.randn(1, 8),), target, quantize=True)
     [left] = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
     assert left.node == "atan2" and left.reason == "no TOSA lowering for aten.atan2.default"
 

@@ -1,5 +1,5 @@
 # The VGF "Getting Started Tutorial" code from ExecuTorch's docs (shared/seeds), with only
-# the import lines changed from executorch.* to tosakit. tests/test_tutorials.py runs it.
+# the import lines changed from executorch.* to tosakit. tests/cli/test_tutorials.py runs it.
 import torch
 
 class AddSigmoid(torch.nn.Module):

@@ -3,14 +3,14 @@ compiled by Vela and run by the simulator from the payload's bytes (command stre
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from conftest import NPU_DIFFERENCES, assert_npu_bit_exact, assert_u85_bit_exact, ethosu_delegates, npu_inputs
+from support.npu import NPU_DIFFERENCES, assert_npu_bit_exact, assert_u85_bit_exact, ethosu_delegates, npu_inputs
+from support.op_tables import INT8_TABLES
+from support.op_tables.shape import TABLE as SHAPE
 from tosakit.capture import export
 from tosakit.errors import TosakitError
 from tosakit.flow import compile, quantize_model
@@ -408,18 +408,12 @@ def test_builtin_model_a16w8_u55(model_name):
 
 # ------------------------------------------------------------------ every _u55 op-table case, every configuration
 
-_OP_TABLES = ("test_ops", "test_ops_elementwise", "test_ops_layers", "test_ops_shape")
 _OTHER_CONFIGS = CONFIGS[1:]  # ethos-u55-128 Shared_Sram is the op tests' own target (Harness.ethosu)
 
 
 def _op_cases(flavour: str = "u55"):
     """The op-table cases of ``flavour`` ("u55" or "u85")."""
-    cases = []
-    for table in _OP_TABLES:
-        op_table = importlib.import_module(table).OP_TABLE
-        cases += [pytest.param(op_table, name, id=f"{table[len('test_'):]}.{name}")
-                  for name, flavours in op_table.flavours.items() if flavour in flavours]
-    return cases
+    return [param for table in INT8_TABLES for param in table.params(flavour)]
 
 
 def test_an_exported_program_compiles_for_each_configuration_as_its_graph_does():
@@ -520,8 +514,7 @@ def test_op_case_every_u85_configuration(op_table, name):
 def test_u85_gather_index_out_of_range_names_the_command():
     """index_select's rows come through the DMA's index array (constant data): an index past IDX_MAX, as a damaged
     payload could hold, is an error naming the DMA, not a read of another tensor's bytes."""
-    op_table = importlib.import_module("test_ops_shape").OP_TABLE
-    module, inputs = op_table.build("index_select")
+    module, inputs = SHAPE.build("index_select")
     torch.manual_seed(0)
     compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
     (tosa, payload), = ethosu_delegates(compiled)
@@ -543,7 +536,7 @@ def test_u85_scatter_position_out_of_range_names_the_command():
     from tosakit.runtime.refmodel import run_tosa
     from tosakit.runtime.tosa_check import check_tosa
 
-    module, inputs = importlib.import_module("test_ops_shape").OP_TABLE.build("index_put_rows")
+    module, inputs = SHAPE.build("index_put_rows")
     torch.manual_seed(0)
     compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
     (tosa, payload), = ethosu_delegates(compiled)

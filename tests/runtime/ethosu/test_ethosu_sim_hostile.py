@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
+FUZZ = Path(__file__).resolve().parents[3] / "fuzz"
 sys.path.insert(0, str(FUZZ))
 from npu_sweep import Parts, report, sweep  # noqa: E402
 from seeds import build_npu_seeds  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import assert_npu_bit_exact
+from support.npu import assert_npu_bit_exact
 from tosakit.backends.ethosu.payload import parse_payload
 from tosakit.flow import compile
 from tosakit.program import LoweredBackendModule

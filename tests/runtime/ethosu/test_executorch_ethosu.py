@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_npu_bit_exact
+from support.npu import assert_npu_bit_exact
 from tosakit.backends.ethosu.payload import parse_payload
 from tosakit.capture import export
 from tosakit.errors import TosakitError

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from op_cases import sweep_models
+from support.op_cases import sweep_models
 from tosakit.backends.ethosu.payload import pack_payload, parse_payload
 from tosakit.backends.ethosu.vela import VelaResult
 from tosakit.cli import main
@@ -25,7 +25,7 @@ from tosakit.runtime import Limits, LoadedProgram, load
 from tosakit.runtime.ethosu.commands import decode
 from tosakit.specs import EthosUCompileSpec
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "fuzz"))
 from seeds import SmallNet  # noqa: E402  (conv with 3 input channels, relu, pool, linear: the I/O layout matters)
 
 pytestmark = pytest.mark.numerics

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import npu_inputs
-from op_cases import sweep_models
+from support.npu import npu_inputs
+from support.op_cases import sweep_models
 from tosakit.backends.ethosu.payload import parse_payload
 from tosakit.backends.ethosu.vela import operation_map
 from tosakit.cli import main
