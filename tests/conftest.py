@@ -11,6 +11,7 @@ from support import REPO
 from support.harness import Harness
 from support.oracle import EtOracle
 from support.programs import ProgramCheck
+from support.shared import Streams, run_folder
 
 
 def _share_the_cores() -> None:
@@ -53,3 +54,11 @@ def harness() -> Harness:
 @pytest.fixture
 def program_check(et_oracle, tmp_path) -> ProgramCheck:
     return ProgramCheck(et_oracle, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def streams(tmp_path_factory) -> Streams:
+    """Ethos-U streams one test compiled, for the later tests of the run that need only them."""
+    folder = run_folder(tmp_path_factory) / "streams"
+    folder.mkdir(exist_ok=True)
+    return Streams(folder)

@@ -13,6 +13,7 @@ from support.npu import assert_u85_bit_exact, ethosu_delegates
 from support.op_cases import Atan2, seed_inputs
 from support.op_tables import TABLES
 from support.op_tables.ops import Softmax
+from support.shared import case_key
 
 pytestmark = pytest.mark.numerics
 
@@ -60,9 +61,11 @@ def test_op_u55(harness, table, name):
 
 
 @pytest.mark.parametrize("table,name", _params("u85"))
-def test_op_u85(harness, table, name):
+def test_op_u85(harness, streams, table, name):
+    """Its streams are kept for test_ethosu_sim's test_op_case_u85 (the simulator on the same compile)."""
     module, inputs = table.build(name)
     compiled = harness.ethosu(module, inputs, "ethos-u85-256", **table.compile_kw())
+    streams.put(case_key(table, name, "ethos-u85-256"), compiled)
     _check(table, name, compiled)
     if table.u85_seeds:
         assert_u85_bit_exact(ethosu_delegates(compiled), seeds=table.u85_seeds)

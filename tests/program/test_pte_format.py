@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from support.shared import made_once, run_folder
 from tosakit.errors import TosakitError
 from tosakit.program import schema as S
 from tosakit.program.pte import constant_segment_bytes, deserialize_pte, serialize_pte
@@ -362,7 +363,10 @@ example_inputs = (torch.randn(2, 3), torch.randn(2, 3))
 
 @pytest.fixture(scope="module")
 def executorch_pte(et_oracle, tmp_path_factory) -> Path:
-    return et_oracle.export(MODEL_WITH_CONSTANT, tmp_path_factory.mktemp("et") / "made_by_executorch.pte")
+    """Made by ExecuTorch once per test run."""
+    folder = made_once(run_folder(tmp_path_factory) / "made_by_executorch",
+                       lambda folder: et_oracle.export(MODEL_WITH_CONSTANT, folder / "made_by_executorch.pte"))
+    return folder / "made_by_executorch.pte"
 
 
 def _reference(x, y):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from support.shared import SharedFiles, run_folder
 from tosakit.cli import CompileOptions, compile_model, main
 from tosakit.runtime import load
 from tosakit.runtime import pools as M
@@ -80,17 +81,20 @@ def measure(runner: Path, pte: Path, method_pool: int, temp_pool: int) -> dict:
     return json.loads(done.stdout)
 
 
+def _compile(name: str, pte: Path) -> None:
+    """``name``'s CPU-only program (a model of FILES written beside it), at ``pte``."""
+    model = name.removesuffix("_quantized")
+    if name in FILES:
+        attr, text = FILES[name]
+        (pte.parent / f"{name}.py").write_text(text)
+        model = f"{pte.parent / name}.py:{attr}"
+    compile_model(CompileOptions(model_name=model, output=str(pte), quiet=True, **MODELS[name]))
+
+
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("runner_memory")
-    out = {}
-    for name, (attr, text) in FILES.items():
-        (folder / f"{name}.py").write_text(text)
-    for name, options in MODELS.items():
-        out[name] = folder / f"{name}.pte"
-        model = f"{folder / name}.py:{FILES[name][0]}" if name in FILES else name.removesuffix("_quantized")
-        compile_model(CompileOptions(model_name=model, output=str(out[name]), quiet=True, **options))
-    return out
+def programs(tmp_path_factory) -> SharedFiles:
+    """Each model's program, compiled once per test run when a test first needs it."""
+    return SharedFiles(run_folder(tmp_path_factory) / "runner_memory", ".pte", _compile)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -69,11 +69,16 @@ NPU_DIFFERENCES = {
 }
 
 
+def ethosu_blobs(compiled) -> list[tuple[bytes, bytes]]:
+    """(TOSA, payload bytes) of each Ethos-U delegate of a compiled program."""
+    from tosakit.program import LoweredBackendModule
+
+    return [(m.tosa, m.processed_bytes) for m in compiled.edge.program.graph_module.children()
+            if isinstance(m, LoweredBackendModule) and m.backend_id == "EthosUBackend"]
+
+
 def ethosu_delegates(compiled) -> list[tuple[bytes, object]]:
     """(TOSA, parsed payload) of each Ethos-U delegate of a compiled program."""
     from tosakit.backends.ethosu.payload import parse_payload
-    from tosakit.program import LoweredBackendModule
 
-    return [(m.tosa, parse_payload(m.processed_bytes)) for m in compiled.edge.program.graph_module.children()
-            if isinstance(m, LoweredBackendModule) and m.backend_id == "EthosUBackend"]
-
+    return [(tosa, parse_payload(payload)) for tosa, payload in ethosu_blobs(compiled)]

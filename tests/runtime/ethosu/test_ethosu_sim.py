@@ -11,6 +11,7 @@ from torch import nn
 from support.npu import NPU_DIFFERENCES, assert_npu_bit_exact, assert_u85_bit_exact, ethosu_delegates, npu_inputs
 from support.op_tables import INT8_TABLES
 from support.op_tables.shape import TABLE as SHAPE
+from support.shared import case_key
 from tosakit.capture import export
 from tosakit.errors import TosakitError
 from tosakit.flow import compile, quantize_model
@@ -488,13 +489,16 @@ def test_builtin_model_a16w8_u85(model_name):
 
 
 @pytest.mark.parametrize("op_table,name", _op_cases("u85"))
-def test_op_case_u85(op_table, name):
+def test_op_case_u85(op_table, name, streams):
     """Each op-table case the U85 takes, on ethos-u85-256, bit for bit; the cases of U85_COVERS with the command
-    they stand for in their stream (and three input seeds)."""
-    module, inputs = op_table.build(name)
-    torch.manual_seed(0)
-    compiled = compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True)
-    listing = assert_u85_bit_exact(ethosu_delegates(compiled), seeds=(0, 1, 2) if name in U85_COVERS else (0,))
+    they stand for in their stream (and three input seeds). The streams are test_ops' _u85 compile of the case
+    when that ran first in this test run."""
+    found = streams.get(case_key(op_table, name, "ethos-u85-256"))
+    if found is None:
+        module, inputs = op_table.build(name)
+        torch.manual_seed(0)
+        found = ethosu_delegates(compile(module, inputs, EthosUCompileSpec("ethos-u85-256"), quantize=True))
+    listing = assert_u85_bit_exact(found, seeds=(0, 1, 2) if name in U85_COVERS else (0,))
     assert U85_COVERS.get(name, "") in listing
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from support.npu import assert_npu_bit_exact
+from support.shared import made_once, run_folder
 from tosakit.backends.ethosu.payload import parse_payload
 from tosakit.capture import export
 from tosakit.errors import TosakitError
@@ -46,26 +47,19 @@ BLOCKS = ["vela_bin_stream", "cmd_data", "weight_data", "scratch_size", "inputs"
 
 @pytest.fixture(scope="session")
 def exported(et_oracle, tmp_path_factory):
-    """(name, target) -> (example inputs, et_export.py's result), each exported once per test run: the first test
-    worker to need it exports it into a folder all workers of the run share, under a lock; the others read it."""
-    import fcntl
+    """(name, target) -> (example inputs, et_export.py's result), each exported once per test run into a folder all
+    test workers of the run share."""
     import json
-    import os
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's, whatever the worker
+    def export_into(name: str, target: str, folder: Path) -> None:
+        module, inputs = MODELS[name].factory()
+        result = et_oracle.export_ethosu(module.eval(), inputs, folder, name=name, target=target)
+        (folder / "result.json").write_text(json.dumps(result))
 
     def get(name: str, target: str = TARGET):
-        folder = shared / f"executorch_{name}_{target}"
-        folder.mkdir(exist_ok=True)
-        with open(folder / "lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            done = folder / "result.json"
-            if not done.exists():
-                module, inputs = MODELS[name].factory()
-                result = et_oracle.export_ethosu(module.eval(), inputs, folder, name=name, target=target)
-                done.write_text(json.dumps(result))
-        return tuple(torch.load(folder / f"{name}.inputs.pt")), json.loads(done.read_text())
+        folder = made_once(run_folder(tmp_path_factory) / f"executorch_{name}_{target}",
+                           lambda folder: export_into(name, target, folder))
+        return tuple(torch.load(folder / f"{name}.inputs.pt")), json.loads((folder / "result.json").read_text())
 
     return get
 

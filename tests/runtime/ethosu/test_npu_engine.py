@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from support.op_cases import sweep_models
+from support.shared import SharedFiles, run_folder
 from tosakit.backends.ethosu.payload import pack_payload, parse_payload
 from tosakit.backends.ethosu.vela import VelaResult
 from tosakit.cli import main
@@ -47,17 +48,18 @@ def _compile(target: str, debug_info: bool, channels_last: bool = False, model: 
     return compile((model or SmallNet()).eval(), (x,), spec, quantize=True).program.buffer
 
 
+# SmallNet for ethos-u55-128 with its TOSA (also with channels-last input), without, and for ethos-u85-256; a U85 MatMul
+PROGRAMS = {"u55": lambda: _compile("ethos-u55-128", True),
+            "u55_nhwc": lambda: _compile("ethos-u55-128", True, channels_last=True),
+            "u55_payload_only": lambda: _compile("ethos-u55-128", False), "u85": lambda: _compile("ethos-u85-256", True),
+            "u85_matmul": lambda: _compile("ethos-u85-256", True, model=SelfMatMul())}
+
+
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory) -> dict[str, Path]:
-    """SmallNet for ethos-u55-128 with its TOSA (also with channels-last input), without, and for ethos-u85-256;
-    and a U85 MatMul."""
-    folder = tmp_path_factory.mktemp("npu")
-    made = {"u55": _compile("ethos-u55-128", True), "u55_nhwc": _compile("ethos-u55-128", True, channels_last=True),
-            "u55_payload_only": _compile("ethos-u55-128", False), "u85": _compile("ethos-u85-256", True),
-            "u85_matmul": _compile("ethos-u85-256", True, model=SelfMatMul())}
-    for name, data in made.items():
-        (folder / f"{name}.pte").write_bytes(data)
-    return {name: folder / f"{name}.pte" for name in made}
+def programs(tmp_path_factory) -> SharedFiles:
+    """PROGRAMS' .pte files, each compiled once per test run when a test first needs it."""
+    return SharedFiles(run_folder(tmp_path_factory) / "npu_engine", ".pte",
+                       lambda name, path: path.write_bytes(PROGRAMS[name]()))
 
 
 def _cli(capsys, *args) -> tuple[int, str, str]:
