@@ -1,0 +1,147 @@
+"""Layer ops beyond their table (support/op_tables/layers.py, run by test_ops.py): refusals with their reasons,
+embeddings, grouped and dilated convolutions' forms, transposed convolutions' phases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from support.npu import ethosu_delegates
+from support.op_cases import seed_inputs
+from support.op_tables.layers import TABLE, TOKENS, TokenEmbedding
+
+pytestmark = pytest.mark.numerics
+
+
+def test_adaptive_avg_pool_uneven_windows_refused_with_reason(harness):
+    """7x7 to 3x3 needs windows of different sizes: the op stays on the CPU and the reason says so."""
+    compiled = harness.compile(nn.AdaptiveAvgPool2d(3).eval(), seed_inputs((1, 4, 7, 7)), "TOSA-1.0+FP",
+                               quantize=False)
+    [left] = harness.cpu_compute(compiled)
+    assert "adaptive" in left.target and "windows of different sizes" in left.reason
+
+
+def test_upsample_refused_on_u55_with_reason(harness):
+    """A bilinear upsampling past what the phase form keeps exact stays on the CPU with the limit named."""
+    module = nn.Sequential(nn.Conv2d(4, 4, 1), nn.Upsample(scale_factor=64, mode="bilinear"))
+    compiled = harness.compile(module.eval(), seed_inputs((1, 4, 2, 2)), "ethos-u55-128", quantize=True)
+    [left] = harness.cpu_compute(compiled)
+    assert "upsample" in left.target and "up to 63x per axis (this one is 64x64)" in left.reason
+    assert compiled.edge.delegates  # the convolution still runs on the NPU
+
+
+@pytest.mark.parametrize("flavour", ["fp", "int", "u85"])
+def test_embedding(harness, flavour):
+    """GATHER of the embedding table at int32 token ids."""
+    torch.manual_seed(0)
+    module = TokenEmbedding().eval()
+    compiled = {"fp": harness.fp, "int": harness.int}.get(flavour, lambda m, i: harness.ethosu(m, i, "ethos-u85-256"))(
+        module, TOKENS)
+    assert any("GATHER" in d.tosa_ops for d in compiled.edge.delegates)
+
+
+def test_embedding_refused_on_u55_with_reason(harness):
+    torch.manual_seed(0)
+    compiled = harness.compile(TokenEmbedding().eval(), TOKENS, "ethos-u55-128", quantize=True)
+    [left] = harness.cpu_compute(compiled)[-1:]
+    assert left.target == "aten.embedding.default" and "Ethos-U55/U65" in left.reason
+
+
+def test_embedding_int64_ids_stay_on_cpu_with_reason(harness):
+    """TOSA has no int64: int64 ids keep the embedding on the CPU, and the reason says what to pass."""
+    compiled = harness.compile(TokenEmbedding().eval(), (TOKENS[0].long(),), "TOSA-1.0+FP", quantize=False)
+    [left] = harness.cpu_compute(compiled)
+    assert left.target == "aten.embedding.default" and "int32" in left.reason
+
+
+def test_grouped_conv_is_one_conv2d_per_group(harness):
+    compiled = harness.fp(nn.Conv2d(8, 12, 3, 1, 1, groups=4).eval(), seed_inputs((1, 8, 8, 8)))
+    [delegate] = compiled.edge.delegates
+    assert delegate.tosa_ops["CONV2D"] == 4 and delegate.tosa_ops["CONCAT"] == 1
+
+
+def _conv_dilations(tosa: bytes) -> set[int]:
+    """The dilations of every CONV2D in a TOSA graph."""
+    from tosa.Conv2dAttribute import Conv2dAttribute
+    from tosa.TosaGraph import TosaGraph
+
+    from tosakit.lower.tosa_graph import Op
+
+    block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
+    found = set()
+    for op in (block.Operators(i) for i in range(block.OperatorsLength())):
+        if op.Op() == Op.CONV2D:
+            attr = Conv2dAttribute()
+            attr.Init(op.Attribute().Bytes, op.Attribute().Pos)
+            found.update(int(d) for d in attr.DilationAsNumpy())
+    return found
+
+
+def _live_tap_macs(size_hw, kernel, dilation, pad, cin, cout) -> int:
+    """MACs of a stride-1 convolution counting only taps that read the input (none of the padding)."""
+    live = []
+    for size, k, d, p in zip(size_hw, kernel, dilation, pad):
+        live.append([sum(0 <= i + t * d - p < size for t in range(k)) for i in range(size + 2 * p - (k - 1) * d)])
+    return sum(r * c for r in live[0] for c in live[1]) * cin * cout
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+@pytest.mark.parametrize("rate", [6, 12, 24])
+def test_aspp_dilation_multiplies_no_padding_u55_u85(harness, target, rate):
+    """DeepLabV3's ASPP 3x3 branches (rates 6, 12, 24 on a 14x14 map) past the NPU's dilation 2: no CONV2D
+    keeps a dilation (Vela would run a zero-stuffed (2r+1)x(2r+1) kernel), and Vela's MAC count is exactly the
+    products of taps that read the input (rate 24: the centre tap alone). Every op on the NPU, integers as the
+    fake-quantized model's."""
+    module = nn.Conv2d(8, 16, 3, 1, rate, dilation=rate).eval()
+    compiled = harness.ethosu(module, seed_inputs((1, 8, 14, 14)), target)
+    [delegate] = compiled.edge.delegates
+    conv_macs = sum(o.macs for o in delegate.report.per_op if o.tosa_op == "CONV2D")  # (Vela counts copies too)
+    assert conv_macs == _live_tap_macs((14, 14), (3, 3), (rate, rate), (rate, rate), 8, 16)
+    [(tosa, _)] = ethosu_delegates(compiled)
+    assert _conv_dilations(tosa) == {1}
+
+
+@pytest.mark.parametrize("module, why", [
+    (nn.ConvTranspose2d(4, 4, 3, 2, groups=2), "groups=2"),
+    (nn.ConvTranspose2d(4, 4, 3, 1, dilation=2), "dilation"),
+], ids=["groups", "dilation"])
+def test_conv_transpose2d_limits_refused_with_reason(harness, module, why):
+    compiled = harness.compile(module.eval(), seed_inputs((1, 4, 5, 5)), "TOSA-1.0+FP", quantize=False)
+    [left] = harness.cpu_compute(compiled)
+    assert left.target == "aten.convolution.default" and why in left.reason
+
+
+PHASED = ["conv_transpose2d", "conv_transpose2d_k4s2", "conv_transpose2d_s1", "conv_transpose2d_s3",
+          "conv_transpose2d_s3x2", "conv_transpose2d_k2s3"]
+
+
+def test_conv_transpose2d_stride3_delegated_on_u55(harness):
+    """Stride 3 on ethos-u55-128 runs whole on the NPU as one stride-1 CONV2D per row phase; Ethos-U85 keeps
+    its TRANSPOSE_CONV2D."""
+    module, inputs = TABLE.build("conv_transpose2d_s3")
+    u55 = harness.compile(module, inputs, "ethos-u55-128", quantize=True)
+    harness.assert_delegated(u55)
+    [delegate] = u55.edge.delegates
+    assert delegate.tosa_ops["CONV2D"] == 3 and "TRANSPOSE_CONV2D" not in delegate.tosa_ops
+    assert delegate.report.cpu_ops == 0
+    [u85] = harness.compile(module, inputs, "ethos-u85-256", quantize=True).edge.delegates
+    assert u85.tosa_ops["TRANSPOSE_CONV2D"] == 1 and "CONV2D" not in u85.tosa_ops
+
+
+@pytest.mark.parametrize("config", ["a8w8", "a16w8"])
+@pytest.mark.parametrize("name", PHASED)
+def test_conv_transpose2d_phases_equal_transpose_conv2d(harness, name, config):
+    """The sub-pixel form (TOSA-1.0+INT+u55) gives the integers TRANSPOSE_CONV2D (TOSA-1.0+INT) gives: the
+    same accumulator sums, the same RESCALE."""
+    from tosakit.quantize import get_symmetric_a16w8_quantization_config
+    from tosakit.runtime import run_edge
+
+    module, inputs = TABLE.build(name)
+    kw = {"config": get_symmetric_a16w8_quantization_config()} if config == "a16w8" else {}
+    plain, phased = (harness.compile(module, inputs, target, quantize=True, **kw)
+                     for target in ("TOSA-1.0+INT", "TOSA-1.0+INT+u55"))
+    assert "TRANSPOSE_CONV2D" in plain.edge.delegates[0].tosa_ops
+    assert "TRANSPOSE_CONV2D" not in phased.edge.delegates[0].tosa_ops
+    for a, b in zip(run_edge(plain.edge, *inputs), run_edge(phased.edge, *inputs)):
+        assert torch.equal(a, b)
