@@ -7,6 +7,13 @@ import os
 import tempfile
 from pathlib import Path
 
+# Hints that several places give, one text each
+RAISE_MEMORY_HINT = "raise the limit (tosakit run --max-memory) if you trust the file"
+CORRUPT_STREAM_HINT = "the command stream is corrupt: recompile the program"
+RUN_TOSA_HINT = "run the program's TOSA instead (tosakit run --engine tosa)"
+REPORT_GRAPH_HINT = "please report this graph to tosakit"
+DAMAGED_WEIGHTS_HINT = "the weight stream is damaged or was not written by Vela: compile the model again"
+
 
 class TosakitError(Exception):
     """An error the user can fix: ``message`` names the culprit, ``hint`` the fix."""

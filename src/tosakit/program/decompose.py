@@ -13,7 +13,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..capture import source_of
-from ..errors import TosakitError, UnsupportedOpError, first_line
+from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError, first_line
 from ..partition import NodePlacement
 from .emit import executorch_call_delegate, out_schema
 
@@ -93,7 +93,7 @@ def _splice(gm: GraphModule, node: Node, traced: GraphModule) -> list[Node]:
         for user in list(node.users):
             if user.target is not operator.getitem:
                 raise TosakitError(f"node {node.name} ({node.target}) returns several values used as a whole",
-                                   "please report this graph to tosakit")
+                                   REPORT_GRAPH_HINT)
             user.replace_all_uses_with(result[user.args[1]])
             gm.graph.erase_node(user)
     else:

@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
 from ..capture import STATE, graph_attr, state_writes
-from ..errors import TosakitError, UnsupportedOpError
+from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import NHWC, identity, storage_order
 from .kernels import runtime_kernels
 from .pte import constant_segment_bytes
@@ -250,7 +250,7 @@ class Emitter:
         val, initial = node.meta["val"], node.meta[STATE].initial
         if initial.dtype != val.dtype or tuple(initial.shape) != tuple(val.shape):
             raise TosakitError(f"state {node.meta[STATE].name!r} starts as {initial.dtype} {list(initial.shape)} but "
-                               f"the graph reads {val.dtype} {list(val.shape)}", "please report this graph to tosakit")
+                               f"the graph reads {val.dtype} {list(val.shape)}", REPORT_GRAPH_HINT)
         shared = self.pools.shared_state
         idx = self._tensor_value(val, planned=shared is None, order=tuple(range(val.dim())))
         tensor = self.values[idx].val
@@ -311,7 +311,7 @@ class Emitter:
         if len(outs) != len(out_idx):
             raise TosakitError(f"node {node.name} ({node.target}) gives {len(out_idx)} outputs, but its CPU kernel "
                                f"{schema.name}.{schema.overload_name} writes {len(outs)}",
-                               "please report this graph to tosakit")
+                               REPORT_GRAPH_HINT)
         return list(out_idx), out_idx[0] if len(out_idx) == 1 else self._add(TensorList(list(out_idx)))
 
     def _delegate_call(self, node: Node) -> None:

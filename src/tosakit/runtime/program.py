@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..errors import TosakitError
+from ..errors import RAISE_MEMORY_HINT, TosakitError
 from ..program import schema as S
 from ..program.pte import deserialize_pte, tosa_key
 from .records import EngineComparison, NpuCall, TensorSpec
@@ -141,7 +141,7 @@ def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits 
     size = path.stat().st_size
     if size > limits.max_memory:
         raise TosakitError(f"{path} is {size} bytes, more than the {limits.max_memory}-byte memory limit",
-                           "raise the limit (tosakit run --max-memory) if you trust the file")
+                           RAISE_MEMORY_HINT)
     try:
         data = path.read_bytes()
     except OSError as exc:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import TosakitError, first_line
+from ..errors import RAISE_MEMORY_HINT, TosakitError, first_line
 from ..native import cap_address_space, captured_output, read_exact
 from .tosa_inprocess import run_tosa
 
@@ -134,7 +134,7 @@ def _reply(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return _error(exc.message, exc.hint or "", type(exc).__name__)
     except MemoryError:
         return _error("the delegate needs more memory than the limit allows",
-                      "raise the limit (tosakit run --max-memory) if you trust the file")
+                      RAISE_MEMORY_HINT)
     except Exception as exc:  # noqa: BLE001
         if "payload" not in request:
             raise  # the reference model's own fault ends the child, as it always has: the parent reports that

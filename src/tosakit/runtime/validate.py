@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..backends.ethosu.payload import EthosUPayload, parse_payload
-from ..errors import TosakitError, did_you_mean
+from ..errors import RAISE_MEMORY_HINT, TosakitError, did_you_mean
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from ..program.pte import tosa_key
@@ -97,7 +97,7 @@ class _Method:
         if sum(arenas[1:]) > self.limits.max_memory:
             raise self.fail(f"plans {sum(arenas[1:])} bytes of arena memory ({len(arenas) - 1} arena(s)), more than "
                             f"the {self.limits.max_memory}-byte limit",
-                            "raise the limit (tosakit run --max-memory) if you trust the file")
+                            RAISE_MEMORY_HINT)
         layout = MethodLayout(arena_bytes=[0] * max(len(arenas), 1))
         unplanned = 0
         for i, ev in enumerate(self.values):
@@ -113,7 +113,7 @@ class _Method:
         layout.memory = sum(layout.arena_bytes) + unplanned
         if layout.memory > self.limits.max_memory:
             raise self.fail(f"needs {layout.memory} bytes of memory, more than the {self.limits.max_memory}-byte "
-                            f"limit", "raise the limit (tosakit run --max-memory) if you trust the file")
+                            f"limit", RAISE_MEMORY_HINT)
         for k, i in enumerate(plan.inputs):
             self.expect(i, ("Tensor",), f"input {k}")
             if i in self.constants:
@@ -140,7 +140,7 @@ class _Method:
         if nbytes > self.limits.max_memory:
             raise self.fail(f"{what} claims {list(t.sizes)} {t.scalar_type.name}, {nbytes} bytes, more than the "
                             f"{self.limits.max_memory}-byte memory limit",
-                            "raise the limit (tosakit run --max-memory) if you trust the file")
+                            RAISE_MEMORY_HINT)
         if t.data_buffer_idx > 0 and t.allocation_info is None:
             return self.constant(i, t, nbytes)
         if t.allocation_info is None:
@@ -319,7 +319,7 @@ class _Method:
             raise self.fail(f"{what}: simulating it needs {need} bytes (scratch {p.scratch_size}, weights "
                             f"{len(p.weight_data)}, fast scratch {FAST_SCRATCH_BYTES}, each byte with its written "
                             f"flag), more than the {self.limits.max_memory - layout.memory} bytes the "
-                            f"{self.limits.max_memory}-byte memory limit leaves", "raise the limit (tosakit run --max-memory) if you trust the file")
+                            f"{self.limits.max_memory}-byte memory limit leaves", RAISE_MEMORY_HINT)
         layout.delegate_npu[index] = p
 
     def tosa_io(self, what: str, summary: TosaSummary, args: list[int]) -> None:

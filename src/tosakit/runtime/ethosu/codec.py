@@ -21,13 +21,12 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ...errors import TosakitError
+from ...errors import DAMAGED_WEIGHTS_HINT, TosakitError
 from ...native import cap_address_space, read_exact
 
 CODEC_MEMORY = 1 << 30  # address space the codec process may add to what its imports mapped
 CODEC_SECONDS = 60.0  # longest one stream may take when the caller gives no deadline
 AHEAD_BYTES = 256 << 20  # decoded weights held for a run before it asks for them
-_FIX = "the weight stream is damaged or was not written by Vela: compile the model again"
 
 
 class CodecProcess:
@@ -79,12 +78,12 @@ class CodecProcess:
             count = int.from_bytes(read_exact(proc.stdout.fileno(), 8, end), "little", signed=True)
             if count < 0:
                 raise TosakitError(f"the weight stream ({len(data)} bytes) does not decode: "
-                                   f"{read_exact(proc.stdout.fileno(), -count, end).decode(errors='replace')}", _FIX)
+                                   f"{read_exact(proc.stdout.fileno(), -count, end).decode(errors='replace')}", DAMAGED_WEIGHTS_HINT)
             return np.frombuffer(read_exact(proc.stdout.fileno(), 2 * count, end), "<i2").astype(np.int16)
         except (BrokenPipeError, EOFError):
             proc.wait()
             raise TosakitError(f"Vela's weight codec stopped on the weight stream ({len(data)} bytes): "
-                               f"{self._last_message() or f'exit status {proc.returncode}'}", _FIX) from None
+                               f"{self._last_message() or f'exit status {proc.returncode}'}", DAMAGED_WEIGHTS_HINT) from None
         except TimeoutError:
             self.close()
             raise TosakitError(f"Vela's weight codec ran past the time limit on the weight stream ({len(data)} bytes)",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import TosakitError
+from ...errors import CORRUPT_STREAM_HINT, RAISE_MEMORY_HINT, TosakitError
 
 REGION_NAMES = {0: "weights", 1: "scratch", 2: "fast scratch"}
 GRID_CHECKED = 1 << 22  # feature maps up to this many elements are checked address by address
@@ -93,7 +93,7 @@ class Memory:
         if region.limit and lo >= 0 and hi > region.limit:
             raise NpuAccessError(
                 f"{self.where} {verb} bytes [{lo:#x}, {hi:#x}) of {region.name}, more than the {region.limit}-byte "
-                "memory limit leaves for it", "raise the limit (tosakit run --max-memory) if you trust the file")
+                "memory limit leaves for it", RAISE_MEMORY_HINT)
         if lo < 0 or not region.reach(hi):
             raise NpuAccessError(
                 f"{self.where} {verb} bytes [{lo:#x}, {hi:#x}) of {region.name}, which holds {region.data.size:#x} bytes",
@@ -133,7 +133,7 @@ class Memory:
         region, dtype = self.region(index), np.dtype(dtype)
         if not region.writable:
             raise NpuAccessError(f"{self.where} writes to {region.name}, which is read only",
-                                 "the command stream is corrupt: recompile the program")
+                                 CORRUPT_STREAM_HINT)
         self._check(region, addresses, dtype.itemsize, "writes")
         spans = (addresses[..., None] + np.arange(dtype.itemsize)).reshape(-1)
         region.data[spans] = np.ascontiguousarray(values.astype(dtype).reshape(-1)).view(np.uint8)

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ...errors import TosakitError
+from ...errors import CORRUPT_STREAM_HINT, RUN_TOSA_HINT, TosakitError
 from ...targets import ETHOSU_TARGETS
 from . import numerics
 from .commands import Command, NotSimulatedError
@@ -124,7 +124,7 @@ class Npu:
             self.memory.check_extent(ofm.region, shape, ofm.elem, "writes")
         elif shape[0] * shape[1] * shape[2] * ofm.elem > max(r.capacity for r in self.memory.regions.values()):
             raise TosakitError(f"{self.memory.where} chains a {'x'.join(map(str, shape))} OFM, larger than any memory "
-                               "region", "the command stream is corrupt: recompile the program")
+                               "region", CORRUPT_STREAM_HINT)
         return shape
 
     def kernel(self) -> "Kernel":
@@ -171,7 +171,7 @@ class Npu:
             values = self.lut(self.u55_lut(ofm), int(function.rsplit("_", 1)[1]), values)
         elif function != "ACTIVATION_FUNCTION_RELU":
             raise UnsupportedCommandError(f"{self.memory.where}: activation {function} is not simulated yet",
-                                          "run the program's TOSA instead (tosakit run --engine tosa)")
+                                          RUN_TOSA_HINT)
         return self.clamp(values, ofm)
 
     def u55_lut(self, ofm: FeatureMap) -> Lut:
@@ -180,7 +180,7 @@ class Npu:
         bits = 8 if self.name("ACTIVATION", "activation_clip_range").endswith("FORCE_INT8") else ofm.bits
         if bits not in U55_LUTS:
             raise UnsupportedCommandError(f"{self.memory.where}: a LUT activation on a {bits}-bit OFM is not "
-                                          "simulated yet", "run the program's TOSA instead (tosakit run --engine tosa)")
+                                          "simulated yet", RUN_TOSA_HINT)
         return U55_LUTS[bits]
 
     def lut(self, table: Lut, slot: int, values: np.ndarray) -> np.ndarray:
@@ -192,7 +192,7 @@ class Npu:
                                "memory", "the command stream is corrupt")
         if not self.lut_written[at: at + table.size].all():
             raise TosakitError(f"{self.memory.where} reads LUT slot {slot}, which no DMA filled",
-                               "the command stream is corrupt: recompile the program")
+                               CORRUPT_STREAM_HINT)
         start = self.shram.size - LUT_BYTES + at
         raw = self.shram[start: start + table.size].view(f"<u{table.entry_bytes}").astype(np.int64)
         entries = {f.name: _field_values(raw, f) for f in table.fields}
@@ -211,7 +211,7 @@ class Npu:
         found = self.chains.get(fm.region)
         if found is None:
             raise TosakitError(f"{self.memory.where} reads chain buffer {fm.region}, which no earlier operation wrote",
-                               "the command stream is corrupt: recompile the program")
+                               CORRUPT_STREAM_HINT)
         if found.size != h * w * c:
             raise TosakitError(f"{self.memory.where} reads {h}x{w}x{c} values from chain buffer {fm.region}, which "
                                f"holds {'x'.join(map(str, found.shape))}", "the command stream is corrupt")
@@ -257,7 +257,7 @@ def windows(npu: Npu, depth: int) -> tuple[np.ndarray, np.ndarray, FeatureMap, K
     ih, iw = k.ifm_extent(oh, ow)
     if ih <= 0 or iw <= 0:
         raise TosakitError(f"{npu.memory.where}: padding {k.pad} leaves no IFM to read for an OFM of {oh}x{ow}",
-                           "the command stream is corrupt: recompile the program")
+                           CORRUPT_STREAM_HINT)
     check_work(oh * ow * depth * k.h * k.w, npu.memory.where)
     upscale = npu.name("IFM_UPSCALE", "mode")
     if upscale == "IFM_UPSCALE_MODE_NONE":

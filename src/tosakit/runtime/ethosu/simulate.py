@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...backends.ethosu.payload import EthosUPayload
-from ...errors import TosakitError
+from ...errors import RAISE_MEMORY_HINT, TosakitError
 from . import executors  # noqa: F401  (fills the operation table)
 from . import weights
 from .codec import CODEC
@@ -89,7 +89,7 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
         raise TosakitError(f"simulating the Ethos-U delegate needs {memory_needed(payload)} bytes (scratch "
                            f"{payload.scratch_size}, weights {len(payload.weight_data)}, fast scratch "
                            f"{FAST_SCRATCH_BYTES}, each byte with its written flag), more than the {max_memory}-byte "
-                           "limit", "raise the limit (tosakit run --max-memory) if you trust the file")
+                           "limit", RAISE_MEMORY_HINT)
     if len(inputs) != len(payload.inputs):
         raise TosakitError(f"the Ethos-U delegate takes {len(payload.inputs)} input(s), {len(inputs)} given",
                            "pass one array per delegate input")

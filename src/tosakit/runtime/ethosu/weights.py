@@ -22,13 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import TosakitError
+from ...errors import DAMAGED_WEIGHTS_HINT, TosakitError
 from .codec import CODEC
 
 SCALE_RECORD_BYTES = 10
 SUBKERNEL_MAX = 8  # the largest sub-kernel (height and width) the NPU traverses in one pass
 IFM_UBLOCK_DEPTH = 8
-_FIX = "the weight stream is damaged or was not written by Vela: compile the model again"
 
 
 def ofm_ublock_depth(accelerator: str) -> int:
@@ -53,7 +52,7 @@ def decode_scales(data: bytes, depth: int, record: str = "u55") -> ScaleRecord:
     """The first ``depth`` bias/scale records of a scale stream, laid out as ``RECORDS[record]`` says."""
     need = depth * SCALE_RECORD_BYTES
     if len(data) < need:
-        raise TosakitError(f"the scale stream holds {len(data)} bytes, {depth} OFM channels need {need}", _FIX)
+        raise TosakitError(f"the scale stream holds {len(data)} bytes, {depth} OFM channels need {need}", DAMAGED_WEIGHTS_HINT)
     bias_bytes, scale_bytes, scale_bits, shift_at = RECORDS[record]
     raw = np.frombuffer(bytes(data[:need]), np.uint8).reshape(depth, SCALE_RECORD_BYTES).astype(np.int64)
     little = lambda cols: sum(raw[:, c] << (8 * i) for i, c in enumerate(cols))  # noqa: E731
@@ -215,7 +214,7 @@ def _decode(key, deadline: float | None) -> np.ndarray:
     need = ofm_depth * kernel_h * kernel_w * (1 if depthwise else ifm_depth)
     if values.size < need:  # checked before the brick order is built: a damaged stream's shape can be huge
         raise TosakitError(f"the weight stream decodes to {values.size} weights; a {kernel_h}x{kernel_w} kernel "
-                           f"from {ifm_depth} to {ofm_depth} channels needs {need}", _FIX)
+                           f"from {ifm_depth} to {ofm_depth} channels needs {need}", DAMAGED_WEIGHTS_HINT)
     sub = 4 if decomposition.endswith("D4X4") else SUBKERNEL_MAX
     order = brick_order(ofm_depth, kernel_h, kernel_w, ifm_depth, ofm_block_depth=min(ofm_block_depth, ofm_depth),
                         depthwise=depthwise, part_kernel_first=weight_order.endswith("PART_KERNEL_FIRST"),
@@ -223,7 +222,7 @@ def _decode(key, deadline: float | None) -> np.ndarray:
                         ofm_ublock=ofm_ublock)
     if values.size < order.size:
         raise TosakitError(f"the weight stream decodes to {values.size} weights; a {kernel_h}x{kernel_w} kernel "
-                           f"from {ifm_depth} to {ofm_depth} channels in the NPU's order needs {order.size}", _FIX)
+                           f"from {ifm_depth} to {ofm_depth} channels in the NPU's order needs {order.size}", DAMAGED_WEIGHTS_HINT)
     weights = np.zeros(need, np.int16)  # int9 values
     used = order >= 0
     weights[order[used]] = values[: order.size][used]
@@ -271,7 +270,7 @@ class U85Layout:
         shape = U85_MICROBLOCKS[value("ACC_FORMAT", "microblock")]
         ublock = U85_UBLOCK_DEPTH[macs].get(shape)
         if ublock is None:
-            raise TosakitError(f"micro-block {shape[0]}x{shape[1]} is not one of ethos-u85-{macs}'s", _FIX)
+            raise TosakitError(f"micro-block {shape[0]}x{shape[1]} is not one of ethos-u85-{macs}'s", DAMAGED_WEIGHTS_HINT)
         order = "part_kernel" if value("KERNEL_STRIDE", "weight_order") else "depth_first"
         return cls(value("OFM_DEPTH_M1", "depth_m1") + 1, value("KERNEL_HEIGHT_M1", "height_m1") // dilation[0] + 1,
                    value("KERNEL_WIDTH_M1", "width_m1") // dilation[1] + 1,
@@ -379,7 +378,7 @@ def decode_fwd(data: bytes, count: int) -> np.ndarray:
     bits 104..111 the raw values' zero adjust, bits 112..255 sixteen 9-bit table entries, sign in the low
     bit), then one code per weight, bits packed from the least significant of each byte."""
     if len(data) < FWD_HEADER_BYTES:
-        raise TosakitError(f"the fast-decode weight stream holds {len(data)} bytes, less than its header", _FIX)
+        raise TosakitError(f"the fast-decode weight stream holds {len(data)} bytes, less than its header", DAMAGED_WEIGHTS_HINT)
     bits = np.unpackbits(np.frombuffer(bytes(data[:FWD_HEADER_BYTES]), np.uint8), bitorder="little")
     number = lambda lsb, width: int(bits[lsb: lsb + width] @ (1 << np.arange(width)))  # noqa: E731
     raw, two_bit = bits[0], bits[1]
@@ -387,7 +386,7 @@ def decode_fwd(data: bytes, count: int) -> np.ndarray:
     need = FWD_HEADER_BYTES + -(-count * width // 8)
     if len(data) < need:
         raise TosakitError(f"the fast-decode weight stream holds {len(data)} bytes, {count} {width}-bit weights "
-                           f"need {need}", _FIX)
+                           f"need {need}", DAMAGED_WEIGHTS_HINT)
     body = np.frombuffer(bytes(data[FWD_HEADER_BYTES:need]), np.uint8)
     if raw:
         adjust = number(104, 8)
@@ -414,20 +413,20 @@ def _decode_u85(streams: tuple[bytes, ...], layout: U85Layout, fwd: bool, deadli
     size = layout.ofm_depth * layout.kernel_h * layout.kernel_w * layout.ifm_depth
     if len(streams) != (1 if fwd else layout.cores):
         raise TosakitError(f"the operation has {len(streams)} weight stream(s); {layout.cores} core(s) in the "
-                           f"{'fast-decode' if fwd else 'standard'} format need {1 if fwd else layout.cores}", _FIX)
+                           f"{'fast-decode' if fwd else 'standard'} format need {1 if fwd else layout.cores}", DAMAGED_WEIGHTS_HINT)
     # What the streams hold bounds the order built next (a damaged stream's registers can name any shape).
     held = sum((len(d) - FWD_HEADER_BYTES) * 4 for d in streams) if fwd else None
     values = None if fwd else [CODEC.decode(d, deadline).astype(np.int64) for d in streams]
     held = held if fwd else sum(v.size for v in values)
     if size > min(held, MAX_WEIGHTS):
         raise TosakitError(f"the weight stream(s) hold at most {held} weights; a {layout.kernel_h}x{layout.kernel_w} "
-                           f"kernel from {layout.ifm_depth} to {layout.ofm_depth} channels needs {size}", _FIX)
+                           f"kernel from {layout.ifm_depth} to {layout.ofm_depth} channels needs {size}", DAMAGED_WEIGHTS_HINT)
     weights = np.zeros(size, np.int16)  # int9 values
     for k, order in enumerate(layout.stream_order(fwd)):
         got = decode_fwd(streams[k], order.size) if fwd else values[k]
         if got.size < order.size:
             raise TosakitError(f"weight stream {k} decodes to {got.size} weights; the operation's order needs "
-                               f"{order.size}", _FIX)
+                               f"{order.size}", DAMAGED_WEIGHTS_HINT)
         used = order >= 0
         weights[order[used]] = got[: order.size][used]
     return weights.reshape(layout.ofm_depth, layout.kernel_h, layout.kernel_w, layout.ifm_depth)

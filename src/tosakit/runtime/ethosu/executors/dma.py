@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....errors import TosakitError
+from ....errors import CORRUPT_STREAM_HINT, RUN_TOSA_HINT, TosakitError
 from ..npu import LUT_BYTES, Npu, UnsupportedCommandError, check_work, operation
 
 
@@ -21,11 +21,11 @@ def dma(npu: Npu, command) -> None:
     if npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
         if not linear or indexed:
             raise UnsupportedCommandError(f"{npu.memory.where}: a strided or indexed DMA into internal memory is not "
-                                          "simulated", "run the program's TOSA instead (tosakit run --engine tosa)")
+                                          "simulated", RUN_TOSA_HINT)
         if dst < npu.shram.size - LUT_BYTES or dst + length > npu.shram.size:
             raise TosakitError(f"{npu.memory.where} writes internal bytes [{dst:#x}, {dst + length:#x}), outside "
                                f"its LUT area [{npu.shram.size - LUT_BYTES:#x}, {npu.shram.size:#x})",
-                               "the command stream is corrupt: recompile the program")
+                               CORRUPT_STREAM_HINT)
         npu.shram[dst: dst + length] = np.frombuffer(npu.memory.read_bytes(src_region, src, length), np.uint8)
         at = dst - (npu.shram.size - LUT_BYTES)
         npu.lut_written[at: at + length] = True
@@ -35,7 +35,7 @@ def dma(npu: Npu, command) -> None:
         _rows_dma(npu, (src_region, src), (dst_region, dst), length)
     else:
         raise UnsupportedCommandError(f"{npu.memory.where}: 2-D and 3-D DMA are not simulated yet on the Ethos-U55/U65",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+                                      RUN_TOSA_HINT)
 
 
 def _rows_dma(npu: Npu, source: tuple[int, int], dest: tuple[int, int], length: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....errors import RUN_TOSA_HINT
 from .. import numerics
 from ..featuremap import FeatureMap
 from ..npu import Npu, UnsupportedCommandError, check_work, operation, u85_runs, write_ofm
@@ -41,7 +42,7 @@ def elementwise(npu: Npu, command) -> None:
         ofm_scale=(npu.value("OFM_SCALE", "scale"), npu.value("OFM_SCALE", "shift")), bits=ifm.bits)
     if out is None:
         raise UnsupportedCommandError(f"{npu.memory.where}: elementwise mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+                                      RUN_TOSA_HINT)
     ofm.write(npu.memory, npu.activation(out + ofm.zero_point, ofm))
 
 
@@ -59,7 +60,7 @@ def _elementwise_u85(npu: Npu, mode: str, h: int, w: int, c: int) -> None:
     operation = numerics.U85_ELEMENTWISE.get(name) or numerics.U85_UNARY.get(name)
     if operation is None:
         raise UnsupportedCommandError(f"{npu.memory.where}: elementwise mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+                                      RUN_TOSA_HINT)
 
     def operand(prefix: str, scale: str) -> np.ndarray:
         fm = FeatureMap.of(npu.regs, prefix)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....errors import RUN_TOSA_HINT
 from .. import numerics
 from ..featuremap import FeatureMap
 from ..npu import Npu, UnsupportedCommandError, by_blocks, check_work, finish, operation, windows
@@ -37,7 +38,7 @@ def pool(npu: Npu, command) -> None:
         acc = np.zeros((oh, ow, oc), np.int64)
     else:
         raise UnsupportedCommandError(f"{npu.memory.where}: pooling mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+                                      RUN_TOSA_HINT)
     finish(npu, acc, scale_stream=False)
 
 
@@ -72,5 +73,5 @@ def resize(npu: Npu, command) -> None:
                + x[y1][:, x1] * wy1 * wx1)
     else:
         raise UnsupportedCommandError(f"{npu.memory.where}: resize mode {mode} is not simulated yet",
-                                      "run the program's TOSA instead (tosakit run --engine tosa)")
+                                      RUN_TOSA_HINT)
     finish(npu, acc << 16, scale_stream=False)
