@@ -21,6 +21,7 @@ class Registers:
 
     def __init__(self, register_map: dict):
         self.by_name = {r.name: r for r in register_map.values()}
+        self.fields = {(r.name, f.name): f for r in register_map.values() for f in r.fields}
         self.commands: dict = {}
 
     def set(self, command) -> None:
@@ -28,10 +29,10 @@ class Registers:
 
     def field(self, register: str, field: str) -> Field:
         """Field ``field`` of ``register``."""
-        if register not in self.by_name:
-            raise KeyError(f"this NPU has no register {register!r}")
-        found = next((f for f in self.by_name[register].fields if f.name == field), None)
+        found = self.fields.get((register, field))
         if found is None:
+            if register not in self.by_name:
+                raise KeyError(f"this NPU has no register {register!r}")
             known = ", ".join(f.name for f in self.by_name[register].fields) or "none"
             raise KeyError(f"{register} has no field {field!r} (fields: {known})")
         return found
