@@ -144,3 +144,14 @@ def test_mutation_sweep(seeds):
     print(report(summary))
     assert summary["seeds"] >= 8 and not summary["problems"], report(summary)
     assert summary["peak_mb"] <= 500
+
+
+def test_sandbox_runs_only_tosakits_own_handlers():
+    """The sandboxed child imports the handler a request names only from tosakit's own stages."""
+    from tosakit.runtime.tosa_sandbox import _handler
+    from tosakit.verify.npu_ops import serve_call
+
+    assert _handler("tosakit.verify.npu_ops:serve_call") is serve_call
+    for name in ("os:system", "subprocess:run", "tosakitx.evil:run"):
+        with pytest.raises(TosakitError, match="tosakit's own handlers only"):
+            _handler(name)

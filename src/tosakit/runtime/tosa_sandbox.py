@@ -117,8 +117,10 @@ def _simulate(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> list[
 
 
 def _handler(name: str) -> Callable[[dict[str, np.ndarray], list[np.ndarray]], dict[str, np.ndarray]]:
-    """The handler a request names ("module:function"), imported on its first use."""
+    """The handler a request names ("module:function" in tosakit's own stages), imported on its first use."""
     module, _, function = name.partition(":")
+    if not module.startswith("tosakit."):
+        raise TosakitError(f"the sandbox runs tosakit's own handlers only, not {name!r}")
     return getattr(importlib.import_module(module), function)
 
 

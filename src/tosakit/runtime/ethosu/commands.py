@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 
 from ...errors import TosakitError
-from ...targets import ETHOSU_TARGETS
+from ...targets import ETHOSU_TARGETS, Target
 from .registers import Field, Register, register_map
 
 FOURCC = b"COP1"
@@ -44,6 +44,11 @@ class AcceleratorConfig:
     def accelerator(self) -> str:
         """The target name, e.g. "ethos-u55-128"."""
         return f"{self.product}-{self.macs_per_cycle}"
+
+    @property
+    def target(self) -> Target:
+        """The target record of the NPU the header names."""
+        return ETHOSU_TARGETS[self.accelerator]
 
     @classmethod
     def of(cls, config: int, ident: int, where: str) -> "AcceleratorConfig":

@@ -59,7 +59,7 @@ def require_simulated(stream: CommandStream) -> CommandStream:
     """``stream``, when the simulator runs everything it sets (all of an Ethos-U55/U65 stream; on the U85 what the
     executors declare, ``npu.U85_RUNS``); NotSimulatedError naming the first command it does not run otherwise."""
     config = stream.accelerator_config
-    if config.product != "ethos-u85":
+    if config.target.family != "u85":
         return stream
     for c in stream.commands:
         name, reason = c.register.name, None
