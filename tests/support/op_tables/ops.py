@@ -134,6 +134,14 @@ CASES = {
     "mean_last": OpCase(lambda: Mean((-1,), True), [(1, 4, 16)]),
     "avg_pool2d": OpCase(lambda: nn.AvgPool2d(2, 2), [(1, 8, 8, 8)]),
     "max_pool2d": OpCase(lambda: nn.MaxPool2d(3, 2, 1), [(1, 8, 9, 9)]),
+    # ceil mode (SqueezeNet's and GoogLeNet's pools): windows past the edge cover what is left of the input
+    "max_pool2d_ceil": OpCase(lambda: nn.MaxPool2d(3, 2, ceil_mode=True), [(1, 8, 14, 14)]),
+    "max_pool2d_ceil_2x2": OpCase(lambda: nn.MaxPool2d(2, 2, ceil_mode=True), [(1, 8, 7, 9)]),
+    "max_pool2d_ceil_padded": OpCase(lambda: nn.MaxPool2d(3, 2, 1, ceil_mode=True), [(1, 8, 10, 10)]),
+    "avg_pool2d_ceil": OpCase(lambda: nn.AvgPool2d(3, 2, ceil_mode=True), [(1, 8, 8, 8)]),
+    "avg_pool2d_ceil_padded": OpCase(lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True), [(1, 8, 8, 8)]),
+    "avg_pool2d_ceil_pad_not_counted": OpCase(
+        lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), [(1, 8, 8, 8)]),
     "flatten": OpCase(Flatten, [(1, 8, 2, 2)]),
     "view_reshape": OpCase(ViewReshape, [(2, 4, 8)]),
     "permute": OpCase(Permute, [(1, 4, 3, 5)]),

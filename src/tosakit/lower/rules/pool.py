@@ -7,7 +7,7 @@ import tosa_serializer as ts
 import torch
 from torch.fx import Node
 
-from ..lowering import NAN_PROPAGATE, Lowering, accumulator, int_dtype, lowers, make_attr, tosa_pads
+from ..lowering import NAN_PROPAGATE, Lowering, accumulator, int_dtype, lowers, make_attr
 from ..tosa_graph import NHWC, DType, Op, Value
 from .conv import concat, slice_axis
 
@@ -74,44 +74,53 @@ def _mean_by_sum(ctx: Lowering, node: Node, x: Value, out) -> Value:
 
 def _avg_pool_check(node: Node, spec) -> str | None:
     args = list(node.args) + [None] * 7
-    ceil_mode, divisor = args[4], args[6]
-    if ceil_mode:
-        return "avg_pool2d with ceil_mode=True has no lowering yet"
-    if divisor is not None:
+    if args[6] is not None:
         return "avg_pool2d with divisor_override has no lowering yet"
     return None
 
 
-def _explicit_pads(ctx: Lowering, x: Value, pads: list[int], materialize: bool) -> tuple[Value, list[int]]:
-    """NHWC ``x`` with negative far pads sliced off and (if ``materialize``) the rest as a PAD of
-    zeros (the zero point): the pads left for the pool itself."""
+def _pool_pads(sizes, kernel, stride, pad, out_sizes) -> list[int]:
+    """[top, bottom, left, right] for a TOSA pool giving torch's output size exactly: the far pad is what the
+    last window needs (below ``pad`` when torch's windows stop short, above it in ceil mode)."""
+    pads = []
+    for size, k, s, p, o in zip(sizes, kernel, stride, pad, out_sizes):
+        pads += [p, (o - 1) * s + k - size - p]
+    return pads
+
+
+def _explicit_pads(ctx: Lowering, x: Value, pads: list[int], counted: list[int]) -> tuple[Value, list[int]]:
+    """NHWC ``x`` with negative far pads sliced off and up to ``counted`` of each pad made a PAD of zeros (the
+    zero point), which an average counts: the pads left for the pool itself, which it does not count."""
     x = ctx.nhwc(x)
     for axis, hi in ((1, pads[1]), (2, pads[3])):
         if hi < 0:
             x = slice_axis(ctx, x, axis, 0, x.shape[axis] + hi)
     left = [max(p, 0) for p in pads]
-    if not materialize or not any(left):
+    made = [min(p, c) for p, c in zip(left, counted)]
+    if not any(made):
         return x, left
-    padding = [0, 0, *left, 0, 0]
-    shape = (x.shape[0], x.shape[1] + left[0] + left[1], x.shape[2] + left[2] + left[3], x.shape[3])
+    padding = [0, 0, *made, 0, 0]
+    shape = (x.shape[0], x.shape[1] + made[0] + made[1], x.shape[2] + made[2] + made[3], x.shape[3])
     fill = ctx.g.const(np.array([x.q.zp if x.q is not None else 0]), x.dtype)
     x = ctx.emit(Op.PAD, [x, ctx.g.shape_const(padding), fill], shape, x.dtype, like=x, q=x.q,
                  attr=make_attr("PadAttribute"))
-    return x, [0, 0, 0, 0]
+    return x, [p - m for p, m in zip(left, made)]
 
 
 @lowers(aten.avg_pool2d.default, int16=True, check=_avg_pool_check)
 def avg_pool2d(ctx: Lowering, node: Node) -> Value:
     """AVG_POOL2D; padding that torch counts (count_include_pad, the default) becomes an explicit PAD, so
-    the pool itself is unpadded (Ethos-U55 then allows kernels beyond 8x8)."""
+    the pool itself is unpadded (Ethos-U55 then allows kernels beyond 8x8). In ceil mode the windows past the
+    padded input count only what they cover, as the pool's own pad does."""
     args = list(node.args) + [None] * 7
     kernel = list(args[1])
     stride = list(args[2] or kernel)
     pad = list(args[3] or [0, 0])
     out = tuple(node.meta["val"].shape)
     x = ctx.arg(args[0])
-    pads = tosa_pads(x.torch_shape[2:], kernel, stride, pad)
-    x, pads = _explicit_pads(ctx, x, pads, materialize=args[5] is not False)
+    pads = _pool_pads(x.torch_shape[2:], kernel, stride, pad, out[2:])
+    counted = [pad[0], pad[0], pad[1], pad[1]] if args[5] is not False else [0, 0, 0, 0]
+    x, pads = _explicit_pads(ctx, x, pads, counted)
     return _avg_pool(ctx, node, x, kernel, stride, pads, out)
 
 
@@ -152,11 +161,9 @@ def adaptive_max_pool2d(ctx: Lowering, node: Node) -> tuple[Value]:
 
 def _max_pool_check(node: Node, spec) -> str | None:
     args = list(node.args) + [None] * 6
-    dilation, ceil_mode = args[4], args[5]
+    dilation = args[4]
     if dilation and any(d != 1 for d in dilation):
         return "max_pool2d with dilation has no lowering yet"
-    if ceil_mode:
-        return "max_pool2d with ceil_mode=True has no lowering yet"
     if any(u.args[1] != 0 for u in node.users):
         return "max_pool2d indices are used; only the values can be lowered"
     return None
@@ -169,13 +176,14 @@ def max_pool2d(ctx: Lowering, node: Node) -> tuple[Value]:
     stride = list(args[2] or kernel)
     pad = list(args[3] or [0, 0])
     x = ctx.arg(args[0])
-    pads = tosa_pads(x.torch_shape[2:], kernel, stride, pad)
-    return (_max_pool(ctx, node, x, kernel, stride, pads, node.meta["val"][0].shape),)
+    out = node.meta["val"][0].shape
+    pads = _pool_pads(x.torch_shape[2:], kernel, stride, pad, out[2:])  # ceil mode too: the far pad holds -inf
+    return (_max_pool(ctx, node, x, kernel, stride, pads, out),)
 
 
 def _max_pool(ctx: Lowering, node: Node, x: Value, kernel, stride, pads, out_nchw) -> Value:
     """MAX_POOL2D in NHWC (integers keep their quantization)."""
-    x, pads = _explicit_pads(ctx, x, pads, materialize=False)
+    x, pads = _explicit_pads(ctx, x, pads, counted=[0, 0, 0, 0])
     n, c, oh, ow = out_nchw
     attr = make_attr("MaxPool2dAttribute", list(kernel), list(stride), pads, NAN_PROPAGATE)
     return ctx.emit(Op.MAX_POOL2D, [x], (n, oh, ow, c), x.dtype, order=NHWC, q=x.q, attr=attr, node=node)
