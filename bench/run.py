@@ -168,7 +168,7 @@ def _tosakit(name: str, module, inputs, target: str, memory_mode: str | None, fi
     with open(OUT / "tosakit" / f"{name}_{target}{'_nhwc_int8' if firmware_io else ''}.pte", "wb") as f:
         compiled.program.write_to_file(f)
     seconds = time.perf_counter() - start
-    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target
+    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and p.compute
            and not any(v in p.target for v in _VIEWS)]  # compute ops, counted as ExecuTorch's are
     return Figures.of([d.report for d in compiled.edge.delegates], seconds, len(cpu))
 
@@ -353,7 +353,7 @@ def llm(args) -> None:
           f"decode 1 token, KV cache {model.config.max_positions} positions; both compiled in {seconds:.0f} s")
     for which in ("prefill", "decode"):
         compiled = getattr(programs, which)
-        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and p.compute]
         reports = [d.report for d in compiled.edge.delegates]
         figures = Figures.of(reports, seconds, len(cpu))
         loaded = load(programs.paths[which])

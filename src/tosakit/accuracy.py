@@ -12,6 +12,7 @@ from torch import nn
 
 from .errors import TosakitError
 from .flow import compile, quantize_model
+from .partition import cpu_compute
 from .quantize.config import SCHEMES
 from .quantize.qdq import is_dequantize, is_quantize
 from .runtime import LoadedProgram, evaluate_exact
@@ -85,7 +86,7 @@ def measure_scheme(model: nn.Module, data: Split, target: str, scheme: str, conf
     program = LoadedProgram(compiled.program.buffer, f"{scheme} program", isolate=False)
     fake = torch.cat([evaluate_exact(compiled.quantized, x[i:i + 1])[0] for i in range(len(x))])
     got = torch.cat([program.run([x[i:i + 1]])[0] for i in range(len(x))])
-    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    cpu = cpu_compute(compiled.edge.placements)
     report = verify(compiled.edge, compiled.program, (x[:1],), model, compiled.quantized, layers=True) \
         if layers else None
     agree = 100.0 * float((got.argmax(-1) == fake.argmax(-1)).double().mean())

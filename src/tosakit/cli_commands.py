@@ -115,6 +115,7 @@ def cmd_generate(args) -> int:
 
     from .compile_job import Progress
     from .generate import compile_decoder, generate
+    from .partition import cpu_compute
     from .specs import compile_spec_for_target
     from .zoo.field import hf_decoder
 
@@ -137,7 +138,7 @@ def cmd_generate(args) -> int:
     programs = compile_decoder(model, prompt, spec, folder, steps=args.steps)
     for which in ("prefill", "decode"):
         compiled = getattr(programs, which)
-        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        cpu = cpu_compute(compiled.edge.placements)
         print(f"{which}: {programs.paths[which]} method {programs.methods[which]}, {len(compiled.edge.delegates)} "
               f"delegate(s), {len(cpu)} CPU compute op(s), {programs.cycles(which):,} cycles per call")
     print(f"compiled in {time.perf_counter() - start:.1f} s")

@@ -81,7 +81,7 @@ def runner_memories(program) -> list:
 def summary(output: Path, edge, program, seconds: float) -> str:
     """What runs where, and Vela's figures, for the terminal."""
     lines = []
-    compute = [p for p in edge.placements if "quantize" not in p.target]
+    compute = [p for p in edge.placements if p.compute]
     on_cpu = [p for p in edge.placements if p.placement == "cpu"]
     delegated = sum(1 for p in compute if p.placement == "delegate")
     lines.append(f"ops: {delegated} of {len(compute)} compute ops delegated; "

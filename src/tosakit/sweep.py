@@ -17,6 +17,7 @@ import torch
 
 from .accuracy import SchemeAccuracy, measure_scheme
 from .errors import TosakitError
+from .partition import cpu_compute
 from .quantize.config import SCHEMES
 from .quantize.transforms import LAYERS, cluster_weights, prune_2_4
 from .specs import EthosUCompileSpec, compile_spec_for_target
@@ -130,7 +131,7 @@ def measure_model(model, data, target: str, scheme: str, calibration: int = 64, 
 def _row(scheme: str, accuracy: SchemeAccuracy | None, snr: float, compiled, start: float) -> SweepRow:
     """The sweep's figures of one compiled scheme."""
     reports = [d.report for d in compiled.edge.delegates if d.report is not None]
-    cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    cpu = cpu_compute(compiled.edge.placements)
     cycles = sum(r.total_cycles for r in reports)
     macs = sum(r.mac_count for r in reports)
     per_cycle = max((r.macs_per_cycle for r in reports), default=0)

@@ -53,7 +53,7 @@ def _compiled(name: str, target: str):
 
 def _delegate(name: str, target: str) -> LoweredBackendModule:
     compiled = _compiled(name, target)
-    on_cpu = [p.target for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    on_cpu = [p.target for p in compiled.edge.placements if p.placement == "cpu" and p.compute]
     assert not on_cpu, on_cpu
     (module,) = [m for m in compiled.edge.program.graph_module.children() if isinstance(m, LoweredBackendModule)]
     return module

@@ -48,11 +48,32 @@ def test_embedding_refused_on_u55_with_reason(harness):
     assert left.target == "aten.embedding.default" and "Ethos-U55/U65" in left.reason
 
 
-def test_embedding_int64_ids_stay_on_cpu_with_reason(harness):
-    """TOSA has no int64: int64 ids keep the embedding on the CPU, and the reason says what to pass."""
-    compiled = harness.compile(TokenEmbedding().eval(), (TOKENS[0].long(),), "TOSA-1.0+FP", quantize=False)
+@pytest.mark.parametrize("flavour", ["fp", "int", "u85"])
+def test_embedding_int64_ids_delegate_u85(harness, flavour, tmp_path, et_oracle):
+    """TOSA has no int64: int64 ids (Hugging Face's) are cast to int32 on the CPU, an edge conversion like a
+    quantize, and the embedding's GATHER runs in the delegate as with int32 ids; the program still takes int64 and
+    equals the model (the harness's checks), and ExecuTorch's runtime loads it."""
+    from tosakit.partition.partitioner import BOUNDARY_IDS
+
+    torch.manual_seed(0)
+    ids = (TOKENS[0].long(),)
+    compiled = {"fp": harness.fp, "int": harness.int}.get(flavour, lambda m, i: harness.ethosu(m, i, "ethos-u85-256"))(
+        TokenEmbedding().eval(), ids)
+    assert any("GATHER" in d.tosa_ops for d in compiled.edge.delegates)
+    [cast] = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    assert cast.target == "aten._to_copy.default" and cast.reason == BOUNDARY_IDS and not cast.compute
+    assert not harness.cpu_compute(compiled)
+    assert "aten::_to_copy.out" in compiled.program.emitted.kernel_ops
+    compiled.program.save(tmp_path / "ids.pte")
+    assert et_oracle.load(tmp_path / "ids.pte") == ["forward"]
+
+
+def test_embedding_int64_ids_stay_on_cpu_with_reason_u55(harness):
+    """Ethos-U55 has no GATHER: the embedding stays on the CPU with its int64 ids, no cast added."""
+    compiled = harness.compile(TokenEmbedding().eval(), (TOKENS[0].long(),), "ethos-u55-128", quantize=True)
     [left] = harness.cpu_compute(compiled)
     assert left.target == "aten.embedding.default" and "int32" in left.reason
+    assert "aten::_to_copy.out" not in compiled.program.emitted.kernel_ops
 
 
 def test_grouped_conv_is_one_conv2d_per_group(harness):

@@ -22,7 +22,7 @@ class Harness:
     @staticmethod
     def cpu_compute(compiled) -> list:
         """Ops left on the CPU other than the quantize/dequantize at the delegate boundary."""
-        return [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+        return [p for p in compiled.edge.placements if p.placement == "cpu" and p.compute]
 
     def assert_delegated(self, compiled):
         left = self.cpu_compute(compiled)

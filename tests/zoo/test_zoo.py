@@ -7,6 +7,7 @@ import pytest
 
 from tosakit.capture import export
 from tosakit.flow import partitioner_for, quantize_model
+from tosakit.partition import cpu_compute
 from tosakit.program import to_edge_transform_and_lower
 from tosakit.specs import EthosUCompileSpec, compile_spec_for_target
 from tosakit.zoo import MODELS
@@ -35,7 +36,7 @@ def _lower(name, target):
 
 
 def _cpu_compute(edge):
-    return [p for p in edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    return cpu_compute(edge.placements)
 
 
 # What the FP profile leaves on the CPU by design: integer work (TOSA-1.0+FP has no integer ops).

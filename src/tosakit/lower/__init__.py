@@ -17,7 +17,7 @@ from ..partition import DelegationSpec, Partitioner, PartitionResult
 from ..specs import ArmCompileSpec, TosaSpecification
 from . import rules  # noqa: F401  (fills the rule table)
 from .lowering import RULES, LoweredGraph, OpSupport, lower_graph, support_reason
-from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, quantized_io, run
+from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, int32_ids, quantized_io, run
 from .transpose import Case, ChooseForm, TransposeCase
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "lower_partition",
     "prepare_program",
     "quantized_io",
+    "int32_ids",
     "support_reason",
 ]
 

@@ -18,7 +18,7 @@ from torch.fx import GraphModule, Node
 
 from ..capture import graph_attr, source_of
 from ..errors import TosakitError, UnsupportedOpError
-from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_Q
+from ..partition.partitioner import BOUNDARY_DQ, BOUNDARY_IDS, BOUNDARY_Q, IDS_CAST
 from ..quantize.qdq import INDEX_RESULT_OPS, QParams, integer_dtype, is_dequantize, is_integer_node, is_quantize
 from ..specs import TosaSpecification
 from .tosa_graph import (NHWC, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, count_ops, identity,
@@ -140,6 +140,8 @@ def support_reason(node: Node, spec: TosaSpecification) -> str | None:
             return None  # absorbed into the integer op next to it
         if not spec.support_float():
             return BOUNDARY_Q if is_quantize(node) else BOUNDARY_DQ
+    if node.meta.get(IDS_CAST):
+        return BOUNDARY_IDS
     rule = RULES.get(node.target)
     if rule is None:
         return f"no TOSA lowering for {node.target}"

@@ -4,7 +4,7 @@ The partitioner is generic: it is given a support function (``node -> reason or
 None``), typically read from the lowering table, plus the user's extra checks.
 """
 
-from .partitioner import DelegationSpec, NodePlacement, Partitioner, PartitionResult
+from .partitioner import DelegationSpec, NodePlacement, Partitioner, PartitionResult, cpu_compute
 from .support import DontPartition, DontPartitionModule, DontPartitionName
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "NodePlacement",
     "Partitioner",
     "PartitionResult",
+    "cpu_compute",
     "DontPartition",
     "DontPartitionModule",
     "DontPartitionName",

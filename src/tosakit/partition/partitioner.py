@@ -20,6 +20,8 @@ TAG_KEY = "delegation_tag"
 # Why quantize/dequantize at a delegate's edge stay on the CPU (shown in reports).
 BOUNDARY_Q = "quantizes a float input for the delegate (stays on the CPU)"
 BOUNDARY_DQ = "dequantizes a delegate output back to float (stays on the CPU)"
+BOUNDARY_IDS = "casts int64 ids to the int32 a delegate takes (stays on the CPU; TOSA has no int64)"
+IDS_CAST = "tosakit_ids_cast"  # node meta: the cast of an int64 input to int32 ids (a boundary conversion)
 SupportFn = Callable[[Node], "str | None"]
 
 
@@ -41,6 +43,16 @@ class NodePlacement:
     tag: str | None = None
     reason: str | None = None
     source: str | None = None
+
+    @property
+    def compute(self) -> bool:
+        """Whether the op computes: not a quantize, dequantize or ids cast converting at a delegate's edge."""
+        return "quantize" not in self.target and self.reason != BOUNDARY_IDS
+
+
+def cpu_compute(placements: list[NodePlacement]) -> list[NodePlacement]:
+    """The computing ops left on the CPU."""
+    return [p for p in placements if p.placement == "cpu" and p.compute]
 
 
 @dataclass

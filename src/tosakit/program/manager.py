@@ -21,7 +21,7 @@ from torch.fx.passes.tools_common import legalize_graph
 from ..backends import PreparedDelegate, prepare_delegate
 from ..capture import PRESERVED_OPS, CapturedProgram, capture
 from ..errors import TosakitError, write_atomic
-from ..lower import prepare_program, quantized_io
+from ..lower import int32_ids, prepare_program, quantized_io
 from ..lower.passes import run as run_passes
 from ..lower.tosa_graph import DType
 from ..partition import NodePlacement
@@ -225,6 +225,8 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
     gm = prepare_program(captured.graph_module)
     if any(getattr(getattr(p, "compile_spec", None), "preserve_io_quantization", False) for p in partitioners):
         gm = run_passes([quantized_io], gm)
+    if any(not p.compile_spec.tosa_spec.is_u55_subset for p in partitioners if hasattr(p, "compile_spec")):
+        gm = run_passes([int32_ids], gm)  # a delegate's GATHER takes int32 ids
     for p in transform_passes or []:
         gm = p(gm) or gm
     captured.graph_module = gm
