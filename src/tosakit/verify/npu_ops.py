@@ -209,9 +209,9 @@ def summary(reports: list[NpuOpReport], shown: int = 4) -> list[str]:
     run, and why the others were not compared."""
     compared = [r for r in reports if r.values]
     differing = [r for r in compared if r.differ]
-    lines = [f"NPU operations: {len(compared)} of {len(reports)} compared with the TOSA tensor each computes: "
-             + (f"{len(differing)} differ, the first at {differing[0].delegate} {differing[0].offset:#x}"
-                if differing else "all bit-exact")]
+    verdict = (f"{len(differing)} differ, the first at {differing[0].delegate} {differing[0].offset:#x}" if differing
+               else "all bit-exact" if compared else "none could be compared, so none is shown bit-exact")
+    lines = [f"NPU operations: {len(compared)} of {len(reports)} compared with the TOSA tensor each computes: {verdict}"]
     lines += [f"  {r}" for r in differing[:shown]]
     lines += [f"  {r}" for r in reports if not r.values][:shown]
     return lines

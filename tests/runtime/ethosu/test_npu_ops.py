@@ -117,3 +117,15 @@ def test_compile_verify_reports_npu_operations(tmp_path, capsys):
     assert len(saved) == 5 and sum(1 for r in saved if r["values"] and not r["differ"]) == 4
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<h2>Per NPU operation</h2>" in page and "4 of 5 compared, 0 differ" in page
+
+
+def test_summary_never_calls_uncompared_operations_bit_exact():
+    """An Ethos-U85 stream with no exact map compares nothing: the summary says so instead of "all bit-exact"."""
+    from tosakit.verify.npu_ops import NpuOpReport, summary
+
+    uncompared = [NpuOpReport("lowered_module_0", 0x100, "Conv2D", "CONV2D #0", "t", 0, 0, 0, "no exact map")]
+    [head, detail] = summary(uncompared)
+    assert head.endswith("0 of 1 compared with the TOSA tensor each computes: none could be compared, so none is "
+                         "shown bit-exact") and "not compared: no exact map" in detail
+    compared = [NpuOpReport("lowered_module_0", 0x100, "Conv2D", "CONV2D #0", "t", 8, 0, 0)]
+    assert summary(compared)[0].endswith("1 of 1 compared with the TOSA tensor each computes: all bit-exact")
