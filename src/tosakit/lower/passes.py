@@ -8,9 +8,10 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..capture import STATE, State, fold_constants, graph_attr, promote_constants, state_writes
-from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
 from ..partition.partitioner import IDS_CAST
-from .lowering import folds_to_integer
+from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
+from ..specs import TosaSpecification
+from .lowering import RULES, folds_to_integer
 
 aten = torch.ops.aten
 _Q = torch.ops.quantized_decomposed.quantize_per_tensor.default
@@ -290,11 +291,16 @@ def quantized_io(gm: GraphModule) -> GraphModule:
     return _finish(gm)
 
 
-def int32_ids(gm: GraphModule) -> GraphModule:
+def int32_ids(gm: GraphModule, spec: TosaSpecification) -> GraphModule:
     """int64 inputs an embedding reads as ids are cast to int32 first, on the CPU (TOSA has no int64), so the
-    embedding's GATHER runs in the delegate; the program still takes int64, as the model does."""
+    embedding's GATHER runs in the delegate, when the lowering table lets ``spec`` run it; the program still takes
+    int64, as the model does."""
+    if spec.is_u55_subset and not RULES[aten.embedding.default].support.u55:
+        return gm
     first = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    for ph in [n for n in gm.graph.nodes if n.op == "placeholder" and _dtype(n) is torch.int64]:
+    for ph in [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        if getattr(ph.meta.get("val"), "dtype", None) is not torch.int64:
+            continue
         reads = [u for u in ph.users if u.target is aten.embedding.default and u.args[1] is ph]
         if not reads:
             continue
@@ -305,11 +311,6 @@ def int32_ids(gm: GraphModule) -> GraphModule:
         for read in reads:
             read.replace_input_with(ph, cast)
     return _finish(gm)
-
-
-def _dtype(node: Node):
-    val = node.meta.get("val")
-    return getattr(val, "dtype", None)
 
 
 def quantized_state(gm: GraphModule) -> GraphModule:

@@ -7,6 +7,7 @@ The entry points keep ExecuTorch's names: ``to_edge_transform_and_lower``,
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
 from dataclasses import dataclass, field
@@ -225,8 +226,8 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
     gm = prepare_program(captured.graph_module)
     if any(getattr(getattr(p, "compile_spec", None), "preserve_io_quantization", False) for p in partitioners):
         gm = run_passes([quantized_io], gm)
-    if any(not p.compile_spec.tosa_spec.is_u55_subset for p in partitioners if hasattr(p, "compile_spec")):
-        gm = run_passes([int32_ids], gm)  # a delegate's GATHER takes int32 ids
+    for spec in dict.fromkeys(p.compile_spec.tosa_spec for p in partitioners if hasattr(p, "compile_spec")):
+        gm = run_passes([functools.partial(int32_ids, spec=spec)], gm)  # a delegate's GATHER takes int32 ids
     for p in transform_passes or []:
         gm = p(gm) or gm
     captured.graph_module = gm
