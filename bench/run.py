@@ -27,12 +27,11 @@ TARGETS = (("ethos-u55-128", "Shared_Sram"), ("ethos-u85-256", None))
 
 
 def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
+    def timed() -> float:
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        return time.perf_counter() - start
+    return statistics.median([timed() for _ in range(repeats)])
 
 
 def host_runtime(args) -> None:
@@ -146,20 +145,15 @@ class Figures:
 _VIEWS = ("squeeze", "unsqueeze", "view", "permute", "clone", "expand", "alloc")
 
 
-def _spec(target: str, memory_mode: str | None):
-    from tosakit.specs import EthosUCompileSpec
-
-    return EthosUCompileSpec(target, memory_mode=memory_mode)
-
-
 def _tosakit(name: str, module, inputs, target: str, memory_mode: str | None, firmware_io: bool = False) -> Figures:
     """Quantize, lower, run Vela and write the .pte with tosakit, timed as a whole; ``firmware_io``: NHWC
     int8 inputs and outputs, as firmware feeds a camera frame."""
     import torch
 
     from tosakit.flow import compile
+    from tosakit.specs import EthosUCompileSpec
 
-    spec = _spec(target, memory_mode)
+    spec = EthosUCompileSpec(target, memory_mode=memory_mode)
     if firmware_io:
         spec.with_int8_io()
         inputs = tuple(t.to(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
@@ -205,10 +199,11 @@ def _executorch_figures(result: dict, memory_mode: str | None) -> Figures | None
     """ExecuTorch's delegates measured by the same Vela run tosakit uses (its TOSA, its Vela flags); its CPU
     ops counted without pure data movement (views, squeezes)."""
     from tosakit.backends.ethosu.vela import compile_tosa
+    from tosakit.specs import EthosUCompileSpec
 
     if "error" in result:
         return None
-    spec = _spec(result["target"], memory_mode)
+    spec = EthosUCompileSpec(result["target"], memory_mode=memory_mode)
     reports = [compile_tosa(Path(t).read_bytes(), spec).report for t in result["tosa"]]
     compute = [op for op in result["cpu_ops"] if not any(v in op.split(">")[0] for v in _VIEWS)]
     return Figures.of(reports, result["seconds"], len(compute))
@@ -576,8 +571,12 @@ BENCHES = {"host-runtime": host_runtime, "hostile": hostile, "accuracy": accurac
 
 
 def main(argv=None) -> int:
+    if (argv := sys.argv[1:] if argv is None else argv)[:1] == ["sweep-field"]:  # its own options
+        from sweep_field import main as sweep_field
+        return sweep_field(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("bench", nargs="*", help=f"which benchmarks: {', '.join(BENCHES)} (default: all)")
+    parser.add_argument("bench", nargs="*", help=f"which benchmarks: {', '.join(BENCHES)} (default: all); or "
+                        "sweep-field alone, with its own options (sweep-field --help)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compare-executorch", action="store_true",
                         help="zoo: also compile with ExecuTorch 1.5.1 (side environment) and print the ratios")
@@ -587,9 +586,8 @@ def main(argv=None) -> int:
                         f"timm:NAME, hf:ORG/NAME) or sets: {', '.join(MODEL_SETS)} (default zoo: {','.join(ZOO)}; "
                         f"field: {','.join(FIELD)})")
     args = parser.parse_args(argv)
-    unknown = [b for b in args.bench if b not in BENCHES]
-    if unknown:
-        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHES)}")
+    if unknown := [b for b in args.bench if b not in BENCHES]:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHES)}, or sweep-field")
     for name in args.bench or BENCHES:
         print(f"== {name}: {BENCHES[name].__doc__}", flush=True)
         BENCHES[name](args)

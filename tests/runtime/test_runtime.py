@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -249,6 +251,24 @@ def test_verify_names_a_broken_layer_first(monkeypatch):
     assert [layer.node for layer in report.layers if layer.node.startswith("convolution")][0] == "convolution"
     assert report.outputs[0].vs_fake_quant.max_abs_error > 0
     assert "first divergent from the fake-quantized model: convolution_1" in report.table()
+
+
+def test_verify_never_says_every_layer_matches_when_the_outputs_do_not():
+    """Layers each one step off given the same inputs can add up to outputs far apart (an RMS norm's mean of
+    squares before its rsqrt): the line says the outputs differ and names the layers that round differently."""
+    from tosakit.verify.report import Agreement, LayerReport, OutputReport, VerifyReport
+
+    def layer(name, steps):
+        return LayerReport("lowered_module_0", name, "aten.mean.dim", (1, 32, 1), True, steps, None, None)
+
+    apart = Agreement(0.0996, 27.8, 0.999, None)
+    report = VerifyReport([OutputReport(0, (1, 32, 1024), None, apart)], layers=[layer("mean", 1), layer("mul", 0)])
+    assert report.first_divergent_layer is None
+    text = report.table()
+    assert "every layer matches" not in text
+    assert "the outputs differ from the fake-quantized model (max |err| 0.0996)" in text and "(mean)" in text
+    report.outputs[0].vs_fake_quant = Agreement(0.0, math.inf, 1.0, None)
+    assert "every layer matches the fake-quantized model" in report.table()
 
 
 def test_verify_reports_agreement_for_a_correct_program():

@@ -125,3 +125,39 @@ def test_token_id_outside_the_vocabulary_is_refused_before_the_reference_model()
     assert run_tosa(tosa, [tokens.numpy()])
     with pytest.raises(TosakitError, match=r"input 0 holds index 10, outside 0\.\.9"):
         run_tosa(tosa, [torch.tensor([[1, 10, 2]], dtype=torch.int32).numpy()])
+
+
+@pytest.mark.parametrize("name", sorted(field.hf_tiny.TINY))
+def test_hf_tiny_architectures_build_and_export(name):
+    """Every tiny Hugging Face configuration builds without the hub and exports; text models take int64 ids."""
+    _, model, inputs = load_model(f"hf:tiny/{name}")
+    if field.hf_tiny.TINY[name][4] is field.hf_tiny.ids:
+        assert inputs[0].dtype == torch.int64
+    assert isinstance(model(*inputs), torch.Tensor)
+    torch.export.export(model, inputs)
+
+
+def test_dense_head_detector_builds_without_downloads():
+    """A dense-head detector compiles its backbone and head (boxes are decoded on the CPU), at its transform's
+    size, with no backbone weights fetched; a region-cropping one is refused by name."""
+    _, model, (x,) = load_model("torchvision:ssdlite320_mobilenet_v3_large")
+    boxes, logits = model(x)
+    assert x.shape == (1, 3, 320, 320) and boxes.shape[:2] == logits.shape[:2] and boxes.shape[-1] == 4
+    with pytest.raises(TosakitError, match="roi_align"):
+        load_model("torchvision:fasterrcnn_mobilenet_v3_large_320_fpn")
+
+
+@pytest.mark.slow
+def test_tiny_qwen2_with_int64_ids_delegates_whole_and_equals_the_fake_quantized_model():
+    """Hugging Face's int64 token ids: the GATHER runs on the NPU (one CPU cast at the edge), the first cat of
+    its cache drops the empty past, and the program equals the fake-quantized model bit for bit."""
+    from tosakit.flow import compile
+    from tosakit.runtime import LoadedProgram, evaluate_exact
+
+    _, model, inputs = load_model("hf:tiny/qwen2")
+    compiled = compile(model, inputs, "ethos-u85-256", quantize=True)
+    cpu = [p.target for p in compiled.edge.placements if p.placement == "cpu" and p.compute]
+    assert not cpu and len(compiled.edge.delegates) == 1, cpu
+    program = LoadedProgram(compiled.program.buffer, "qwen2.pte", isolate=False)
+    ids = torch.randint(0, 1024, (1, 32), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(program.run([ids])[0], evaluate_exact(compiled.quantized, ids)[0])

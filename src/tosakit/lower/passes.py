@@ -45,12 +45,20 @@ def _is_identity_expand(node: Node) -> bool:
     return src is not None and out is not None and tuple(src.shape) == tuple(out.shape)
 
 
+def _empty(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, Node) else None
+    return val is not None and val.numel() == 0
+
+
 def remove_noops(gm: GraphModule) -> GraphModule:
-    """Drop eval-mode dropout, detaches, expands to the same shape and shape assertions."""
+    """Drop eval-mode dropout, detaches, expands to the same shape, shape assertions and a cat's empty inputs (a
+    KV cache's first concatenation)."""
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target in ASSERTS:
+        if node.target == aten.cat.default and any(map(_empty, node.args[0])) and not _empty(node):
+            node.args = ([a for a in node.args[0] if not _empty(a)], *node.args[1:])  # one left: a copy
+        elif node.target in ASSERTS:
             gm.graph.erase_node(node)
         elif _is_identity_expand(node):
             node.replace_all_uses_with(node.args[0])

@@ -49,8 +49,6 @@ SHARED_QPARAM_OPS = {
     aten.adaptive_max_pool1d.default,
     aten.avg_pool1d.default,
     aten.avg_pool2d.default,
-    aten.mean.dim,
-    aten.mean.default,
     *FUSABLE_ACTIVATIONS,
 }
 
@@ -264,6 +262,24 @@ def _index_put(node: Node, config: QuantizationConfig) -> None:
 def _sum(node: Node, config: QuantizationConfig) -> None:
     """A sum spans a wider range than its input: its own output quantization."""
     if is_float_tensor(node):
+        unary(node, config)
+
+
+def _spatial_mean(node: Node) -> bool:
+    """A mean over H and W of a 4-D tensor: global average pooling."""
+    rank = node.args[0].meta["val"].dim()
+    dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else []
+    return rank == 4 and sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims)) == [2, 3]
+
+
+@annotates(aten.mean.dim, aten.mean.default)
+def _mean(node: Node, config: QuantizationConfig) -> None:
+    """Global average pooling shares its input's quantization (AVG_POOL2D rounds once); any other mean, say the
+    mean of squares of an RMS norm, spans a narrower range than its input: its own output quantization (shared,
+    a few steps of a wide range would hold it, and a division by a power of two would tie at every other sum)."""
+    if _spatial_mean(node):
+        _shared(node, config)
+    elif is_float_tensor(node):
         unary(node, config)
 
 

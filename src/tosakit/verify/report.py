@@ -111,6 +111,18 @@ class VerifyReport:
     def first_divergent_layer(self) -> LayerReport | None:
         return next((layer for layer in self.layers if not layer.matches), None)
 
+    def _agreement_text(self) -> str:
+        """No layer diverges: whether the outputs agree too (layers one step off can add up to outputs that do not)."""
+        diff = max((o.vs_fake_quant.max_abs_error for o in self.outputs if o.vs_fake_quant), default=0.0)
+        if diff == 0:
+            return "every layer matches the fake-quantized model"
+        off = [layer.node for layer in self.layers if layer.steps_off]
+        where = (f"{len(off)} layer(s) round one step away from it ({', '.join(off[:5])}"
+                 f"{', ...' if len(off) > 5 else ''}) and the layers after them carry that on" if off
+                 else "every delegate layer matches it, so the difference comes from the ops on the CPU")
+        return (f"the outputs differ from the fake-quantized model (max |err| {diff:.4g}) though no layer is more "
+                f"than one step from it given the same inputs: {where}")
+
     @property
     def saturated(self) -> list[InputReport | LayerReport]:
         """Delegate inputs, then layers, that clip more than SATURATION_NOTABLE of their values."""
@@ -167,7 +179,7 @@ class VerifyReport:
                         default=None)
             lines.append(f"layers checked: {len(self.layers)}; "
                          + (f"first divergent from the fake-quantized model: {bad.node} ({bad.target})" if bad
-                            else "every layer matches the fake-quantized model"))
+                            else self._agreement_text()))
             if worst is not None:
                 note = self.saturation_note(worst)
                 lines.append(f"lowest SNR against float: {worst.node} ({worst.target}) {_db(worst.vs_float.snr_db)} dB"

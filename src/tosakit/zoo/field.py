@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..errors import TosakitError, did_you_mean
+from . import hf_tiny
 
 # torchvision modules that register kernels for its compiled operators: left out when those are absent.
 _TORCHVISION_REGISTRATIONS = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
@@ -67,13 +68,38 @@ def _torchvision(name: str) -> tuple[torch.nn.Module, tuple]:
     if name not in known:
         raise TosakitError(f"torchvision has no model {name!r}", did_you_mean(name, known))
     kwargs = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
-    if name.startswith(("deeplabv3", "fcn", "lraspp")):
+    segmentation = name in models.list_models(models.segmentation)
+    detection = name in models.list_models(models.detection)
+    if segmentation:
         kwargs = {"weights_backbone": None, "aux_loss": False}
+    if detection:
+        kwargs = {"weights_backbone": None}
     model = models.get_model(name, weights=None, **kwargs)
     size = 299 if name == "inception_v3" else 224
-    if name.startswith(("deeplabv3", "fcn", "lraspp")):
+    if segmentation:
         model = _OutDict(model)
+    if detection:
+        if not hasattr(model, "head"):
+            raise TosakitError(f"torchvision:{name} crops regions (roi_align) between its stages: it does not lower",
+                               "a dense-head detector (ssdlite320_mobilenet_v3_large, ssd300_vgg16, retinanet_*, fcos_*) "
+                               "does: its backbone and head are compiled, boxes are decoded on the CPU")
+        size = (model.transform.fixed_size or model.transform.min_size)[0]  # the size its transform resizes to
+        model = _DenseHead(model)
     return model, _image(size)
+
+
+class _DenseHead(torch.nn.Module):
+    """A dense-head torchvision detector's backbone and head: box regressions and class logits for every anchor (what
+    an NPU computes; anchors, box decoding and non-maximum suppression stay on the CPU, as in deployment)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.backbone, self.head = model.backbone, model.head
+
+    def forward(self, x):
+        features = self.backbone(x)
+        out = self.head(list(features.values()) if isinstance(features, dict) else [features])
+        return out["bbox_regression"], out["cls_logits"]
 
 
 class _OutDict(torch.nn.Module):
@@ -134,10 +160,14 @@ class _Logits(torch.nn.Module):
 
 
 def _hf(name: str) -> tuple[torch.nn.Module, tuple]:
-    if name not in HF_MODELS:
+    tiny = [f"tiny/{n}" for n in hf_tiny.TINY]
+    if name not in HF_MODELS and name not in tiny:
         raise TosakitError(f"no configuration of Hugging Face model {name!r} is built in (tosakit downloads nothing)",
-                           f"{did_you_mean(name, HF_MODELS)}; or build it in a file and pass path/to/model.py:factory")
+                           f"{did_you_mean(name, [*HF_MODELS, *tiny])}; or build it in a file and pass "
+                           "path/to/model.py:factory")
     transformers = import_field("transformers")
+    if name in tiny:
+        return hf_tiny.build(transformers, name.partition("/")[2])
     spec = HF_MODELS[name]
     config = getattr(transformers, spec.config_class)(**spec.config)
     model = getattr(transformers, spec.model_class)(config)

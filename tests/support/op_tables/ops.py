@@ -80,6 +80,13 @@ class Mean(nn.Module):
         return x.mean(self.dims, keepdim=self.keepdim)
 
 
+class RMSNorm(nn.Module):
+    """Hugging Face's RMS norm (Llama, Qwen2, ...): the mean of squares, written out."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
 class Flatten(nn.Module):
     def forward(self, x):
         return torch.flatten(torch.relu(x), 1)
@@ -132,6 +139,9 @@ CASES = {
     "mean_hw_keepdim": OpCase(lambda: Mean((2, 3), True), [(1, 8, 6, 6)]),
     "mean_hw": OpCase(lambda: Mean((-1, -2), False), [(1, 8, 6, 6)]),
     "mean_last": OpCase(lambda: Mean((-1,), True), [(1, 4, 16)]),
+    # the mean of squares quantized on its own range, not its input's: a division by 64 of a shared scale tied
+    # at every other sum (TOSA rounds ties up, torch to even) and the program left the fake-quantized model
+    "rms_norm": OpCase(RMSNorm, [(1, 256, 64)]),
     "avg_pool2d": OpCase(lambda: nn.AvgPool2d(2, 2), [(1, 8, 8, 8)]),
     "max_pool2d": OpCase(lambda: nn.MaxPool2d(3, 2, 1), [(1, 8, 9, 9)]),
     # ceil mode (SqueezeNet's and GoogLeNet's pools): windows past the edge cover what is left of the input
