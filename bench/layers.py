@@ -2,6 +2,7 @@
 ExecuTorch 1.5.1's, for a model and target `bench/run.py zoo --compare-executorch` has run.
 
     python bench/layers.py NAME TARGET [--top N]
+    python bench/layers.py SPEC TARGET --sweep     (a model `make bench -- sweep-field` has run, e.g. timm:repvit_m0_9)
 
 tosakit's TOSA is recompiled from bench/out/models/NAME.pt2 (the module both compilers started from) and written
 to bench/out/tosakit/NAME_TARGET/; ExecuTorch's is the TOSA its run left in bench/out/executorch/NAME_TARGET/. Both
@@ -20,20 +21,31 @@ OUT = ROOT / "bench" / "out"
 MEMORY = {"ethos-u55-128": "Shared_Sram", "ethos-u85-256": None}
 
 
-def tosakit_tosa(name: str, target: str) -> list[Path]:
+def sweep_paths(spec: str, target: str) -> tuple[Path, Path, Path]:
+    """The sweep's exported model, its folder for tosakit's TOSA, and ExecuTorch's TOSA folder, for ``spec``."""
+    import re
+
+    key = re.sub(r"[^A-Za-z0-9_.-]", "_", spec)
+    sweep = OUT / "sweep"
+    return (sweep / "models" / f"{key}.pt2", sweep / "tosakit-work" / key / target,
+            sweep / "executorch-work" / key / target)
+
+
+def tosakit_tosa(name: str, target: str, sweep: bool = False) -> list[Path]:
     import torch
 
     from tosakit.flow import compile
     from tosakit.specs import EthosUCompileSpec
 
-    folder = OUT / "tosakit" / f"{name}_{target}"
+    model_path, folder, _ = sweep_paths(name, target) if sweep else (OUT / "models" / f"{name}.pt2",
+                                                                     OUT / "tosakit" / f"{name}_{target}", None)
     found = sorted(folder.glob("*.tosa"))
     if found:
         return found
     spec = EthosUCompileSpec(target, memory_mode=MEMORY[target])
     spec.dump_intermediate_artifacts_to(str(folder))
-    model = torch.export.load(OUT / "models" / f"{name}.pt2").module()
-    inputs = torch.load(OUT / "models" / f"{name}.inputs.pt")
+    model = torch.export.load(model_path).module()
+    inputs = torch.load(model_path.with_suffix(".inputs.pt"))
     compile(model, inputs, spec, quantize=True)
     return sorted(folder.glob("*.tosa"))
 
@@ -64,9 +76,12 @@ def main(argv=None) -> int:
     parser.add_argument("target")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", help="write both tools' per-layer rows here")
+    parser.add_argument("--sweep", action="store_true", help="NAME is a model of the field sweep (its folders)")
     args = parser.parse_args(argv)
-    mine = measure(tosakit_tosa(args.name, args.target), args.target)
-    theirs = measure(sorted((OUT / "executorch" / f"{args.name}_{args.target}").glob("output_*.tosa")), args.target)
+    mine = measure(tosakit_tosa(args.name, args.target, args.sweep), args.target)
+    theirs_folder = (sweep_paths(args.name, args.target)[2] if args.sweep
+                     else OUT / "executorch" / f"{args.name}_{args.target}")
+    theirs = measure(sorted(theirs_folder.glob("output_*.tosa")), args.target)
     print(f"{args.name} {args.target}: total cycles tosakit {mine[3]:,}  executorch {theirs[3]:,}  "
           f"ratio {mine[3] / max(1, theirs[3]):.3f}")
     print(f"\n{'TOSA op':<22}{'tosakit n':>10}{'cycles':>12}{'executorch n':>14}{'cycles':>12}{'diff':>12}")

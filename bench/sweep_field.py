@@ -29,7 +29,6 @@ MAC_BUDGET = 5.0e9
 TIMM_BUDGET = 0.6e9  # the "mobile" budget of the efficient-network papers
 MODEL_TIMEOUT = 3600  # seconds for one model, both compilers, both targets
 PROCESS_MEMORY = 6 << 30  # what one model's process may take, for how many run at once
-_VIEWS = ("squeeze", "unsqueeze", "view", "permute", "clone", "expand", "alloc", "_to_copy", "to_copy")
 _BOUNDARY = ("quantize_per_tensor", "dequantize_per_tensor", "executorch_call_delegate", "getitem")
 
 
@@ -157,17 +156,18 @@ def _write(path: Path, data) -> None:
 
 
 def _kinds(targets: list[str]) -> dict[str, int]:
-    """CPU compute ops by ATen name (no namespace, no overload), pure data movement left out."""
+    """CPU ops by ATen name (no namespace, no overload: ``<EdgeOpOverload: aten.where.self>: ...`` is ``where``)."""
     kinds: dict[str, int] = {}
     for target in targets:
-        op = target.split(".")[1] if target.startswith("aten.") else target.split("::")[-1].split(".")[0]
-        if not any(v == op or op.startswith(v + "_") for v in _VIEWS):
-            kinds[op] = kinds.get(op, 0) + 1
+        match = re.match(r"(?:<EdgeOpOverload: )?[A-Za-z0-9_]+(?:\.|::)([A-Za-z0-9_]+)", target)
+        op = match.group(1) if match else target.split("(")[0]
+        kinds[op] = kinds.get(op, 0) + 1
     return kinds
 
 
 def _figures(reports) -> dict:
-    return {"cycles": sum(r.total_cycles for r in reports), "sram": max((r.sram_used_bytes for r in reports), default=0),
+    return {"cycles": sum(r.total_cycles for r in reports),
+            "sram": max((r.sram_used_bytes for r in reports), default=0),
             "offchip": sum(r.offchip_used_bytes for r in reports), "macs_npu": sum(r.mac_count for r in reports),
             "delegates": len(reports)}
 

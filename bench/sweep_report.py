@@ -13,6 +13,20 @@ from pathlib import Path
 
 GOALS = {"ethos-u55-128": 0.90, "ethos-u85-256": 0.75}  # the issue's geometric-mean targets for cycles
 BUCKETS = (0.5, 0.75, 0.9, 1.0, 1.1)
+# pure data movement and dtype casts at a delegate's edge (ExecuTorch's _to_dim_order_copy of int64 ids, tosakit's
+# _to_copy), left out of both compilers' CPU compute ops
+MOVEMENT = {"squeeze", "unsqueeze", "view", "reshape", "permute", "clone", "expand", "alloc", "contiguous", "_to_copy",
+            "_to_dim_order_copy"}
+
+
+def compute_kinds(side: dict) -> dict[str, int]:
+    """A side's CPU ops by name, data movement left out (names as recorded, a schema's tail cut)."""
+    kinds: dict[str, int] = {}
+    for name, count in side.get("cpu_kinds", {}).items():
+        op = name.split("(")[0]
+        if op not in MOVEMENT and not (op.endswith("_copy") and op[:-5] in MOVEMENT):
+            kinds[op] = kinds.get(op, 0) + count
+    return kinds
 
 
 @dataclass
@@ -30,7 +44,7 @@ class Pair:
         return "error" not in self.mine, "error" not in self.theirs
 
     def cpu(self, side: dict) -> int:
-        return sum(side.get("cpu_kinds", {}).values())
+        return sum(compute_kinds(side).values())
 
     @property
     def both_npu(self) -> bool:
@@ -78,7 +92,7 @@ def _violations(pairs: list[Pair], target: str) -> list[str]:
 
 
 def _kinds(side: dict) -> str:
-    return "{" + ", ".join(f"{k} {v}" for k, v in sorted(side.get("cpu_kinds", {}).items())) + "}"
+    return "{" + ", ".join(f"{k} {v}" for k, v in sorted(compute_kinds(side).items())) + "}"
 
 
 def _summary(pairs: list[Pair], target: str) -> dict:
@@ -175,7 +189,8 @@ def report(out: Path, specs: list[str], targets) -> None:
     """Print the sweep's tables and summary for ``specs`` (the rows there are), and write its files."""
     import datetime
 
-    rows = [json.loads(p.read_text()) for s in specs if (p := out / "rows" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', s)}.json").exists()]
+    paths = [out / "rows" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', s)}.json" for s in specs]
+    rows = [json.loads(p.read_text()) for p in paths if p.exists()]
     if not rows:
         print("no rows yet")
         return

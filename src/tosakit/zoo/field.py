@@ -81,7 +81,8 @@ def _torchvision(name: str) -> tuple[torch.nn.Module, tuple]:
     if detection:
         if not hasattr(model, "head"):
             raise TosakitError(f"torchvision:{name} crops regions (roi_align) between its stages: it does not lower",
-                               "a dense-head detector (ssdlite320_mobilenet_v3_large, ssd300_vgg16, retinanet_*, fcos_*) "
+                               "a dense-head detector (ssdlite320_mobilenet_v3_large, ssd300_vgg16, retinanet_*, "
+                               "fcos_*) "
                                "does: its backbone and head are compiled, boxes are decoded on the CPU")
         size = (model.transform.fixed_size or model.transform.min_size)[0]  # the size its transform resizes to
         model = _DenseHead(model)
