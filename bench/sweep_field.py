@@ -4,7 +4,7 @@ ExecuTorch 1.5.1 (the same exported graph, the same Vela and system configuratio
 Rules: every torchvision classification, segmentation and dense-head detection model up to MAC_BUDGET multiply-
 accumulates at its standard input (its default weights' crop, or resize, size; a detector's transform size); for timm,
 per architecture family (its module and the name's leading word), the family's model with the fewest MACs at its
-default input, kept when that is at most TIMM_BUDGET; every tiny Hugging Face configuration tosakit builds
+default input, kept when that is at most TIMM_BUDGET (timm's test_* fixtures left out); every tiny Hugging Face configuration tosakit builds
 (``hf:tiny/NAME``, int64 token ids for text). MACs are counted on the meta device (no weights, no run).
 
 Each model runs in its own process (several at once, within the machine's memory); its row is a file in
@@ -103,7 +103,7 @@ def _timm_entries() -> list[dict]:
     from timm.models._registry import _model_to_module
 
     best: dict[str, dict] = {}
-    for name in timm.list_models():
+    for name in timm.list_models(exclude_filters=["test_*"]):  # timm's own test fixtures are no architecture
         family = f"{_model_to_module[name]}:{re.match(r'(?:tf_|gluon_|legacy_)?([a-z]+)', name).group(1)}"
         cfg = get_pretrained_cfg(name)
         shape = [1, *(cfg.input_size if cfg else (3, 224, 224))]

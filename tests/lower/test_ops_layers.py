@@ -68,6 +68,51 @@ def test_embedding_int64_ids_delegate_u85(harness, flavour, tmp_path, et_oracle)
     assert et_oracle.load(tmp_path / "ids.pte") == ["forward"]
 
 
+class PositionIds(nn.Module):
+    """RoBERTa's embeddings: position ids computed in int64 from the token ids (padding id 1), a token-type
+    table read at those positions (a gather at computed indices), all three embedded."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions, self.types = nn.Embedding(64, 8), nn.Embedding(40, 8), nn.Embedding(2, 8)
+        self.register_buffer("type_ids", torch.arange(40).remainder(2).reshape(1, 40))
+
+    def forward(self, ids):
+        mask = ids.ne(1).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+        types = torch.gather(self.type_ids.expand(ids.shape[0], -1), 1, positions)
+        return self.tokens(ids) + self.positions(positions) + self.types(types)
+
+
+@pytest.mark.parametrize("flavour", ["int", "u85"])
+def test_int64_index_arithmetic_narrows_to_int32_u85(harness, flavour, tmp_path, et_oracle):
+    """Index arithmetic on int64 ids (a comparison, a cumulative sum, products and sums, an embedding of the
+    result) runs in the delegate in int32: one cast of the ids at the edge, nothing else on the CPU; the program
+    equals the model (the harness's checks) and ExecuTorch's runtime loads it."""
+    torch.manual_seed(0)
+    ids = (torch.tensor([[5, 9, 1, 33, 2, 1, 60, 7]]),)
+    compiled = {"fp": harness.fp, "int": harness.int}.get(flavour, lambda m, i: harness.ethosu(m, i, "ethos-u85-256"))(
+        PositionIds().eval(), ids)
+    assert not harness.cpu_compute(compiled)
+    casts = [p for p in compiled.edge.placements if p.placement == "cpu" and "quantize" not in p.target]
+    assert [p.target for p in casts] == ["aten._to_copy.default"] and not casts[0].compute
+    compiled.program.save(tmp_path / "positions.pte")
+    assert et_oracle.load(tmp_path / "positions.pte") == ["forward"]
+
+
+def test_int64_index_arithmetic_on_the_cpu_in_int32_fp(harness):
+    """TOSA's FP profile has no integer arithmetic: the narrowed index ops run on the CPU in int32, the
+    embeddings in the delegate, and the program still gives the model's result."""
+    from tosakit.runtime import LoadedProgram
+
+    torch.manual_seed(0)
+    module, ids = PositionIds().eval(), (torch.tensor([[5, 9, 1, 33, 2, 1, 60, 7]]),)
+    compiled = harness.compile(module, ids, "TOSA-1.0+FP", quantize=False)
+    assert any("GATHER" in d.tosa_ops for d in compiled.edge.delegates)
+    got = LoadedProgram(compiled.program.buffer, "positions.pte", isolate=False).run(list(ids))[0]
+    torch.testing.assert_close(got, module(*ids), rtol=0, atol=1e-6)
+
+
 def test_embedding_int64_ids_stay_on_cpu_with_reason_u55(harness):
     """Ethos-U55 has no GATHER: the embedding stays on the CPU with its int64 ids, no cast added."""
     compiled = harness.compile(TokenEmbedding().eval(), (TOKENS[0].long(),), "ethos-u55-128", quantize=True)

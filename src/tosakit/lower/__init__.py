@@ -17,7 +17,8 @@ from ..partition import DelegationSpec, Partitioner, PartitionResult
 from ..specs import ArmCompileSpec, TosaSpecification
 from . import rules  # noqa: F401  (fills the rule table)
 from .lowering import RULES, LoweredGraph, OpSupport, lower_graph, support_reason
-from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, int32_ids, quantized_io, run
+from .int64 import int32_ids
+from .passes import PARTITION_PIPELINE, PROGRAM_PIPELINE, quantized_io, run
 from .transpose import Case, ChooseForm, TransposeCase
 
 __all__ = [

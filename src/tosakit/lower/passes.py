@@ -8,10 +8,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..capture import STATE, State, fold_constants, graph_attr, promote_constants, state_writes
-from ..partition.partitioner import IDS_CAST
 from ..quantize.qdq import INTEGER_KEY, PASSTHROUGH, fused_activation_of, is_dequantize, is_quantize, qparams_of
-from ..specs import TosaSpecification
-from .lowering import RULES, folds_to_integer
+from .lowering import folds_to_integer
 
 aten = torch.ops.aten
 _Q = torch.ops.quantized_decomposed.quantize_per_tensor.default
@@ -296,28 +294,6 @@ def quantized_io(gm: GraphModule) -> GraphModule:
             results.append(value)
     out.args = (tuple(results),)
     gm.meta["io_quantization"] = io
-    return _finish(gm)
-
-
-def int32_ids(gm: GraphModule, spec: TosaSpecification) -> GraphModule:
-    """int64 inputs an embedding reads as ids are cast to int32 first, on the CPU (TOSA has no int64), so the
-    embedding's GATHER runs in the delegate, when the lowering table lets ``spec`` run it; the program still takes
-    int64, as the model does."""
-    if spec.is_u55_subset and not RULES[aten.embedding.default].support.u55:
-        return gm
-    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
-    for ph in [n for n in gm.graph.nodes if n.op == "placeholder"]:
-        if getattr(ph.meta.get("val"), "dtype", None) is not torch.int64:
-            continue
-        reads = [u for u in ph.users if u.target is aten.embedding.default and u.args[1] is ph]
-        if not reads:
-            continue
-        with gm.graph.inserting_before(first):
-            cast = gm.graph.call_function(aten._to_copy.default, (ph,), {"dtype": torch.int32})
-        cast.meta.update(val=ph.meta["val"].to(torch.int32), stack_trace=reads[0].meta.get("stack_trace"))
-        cast.meta[IDS_CAST] = True
-        for read in reads:
-            read.replace_input_with(ph, cast)
     return _finish(gm)
 
 

@@ -20,8 +20,9 @@ TAG_KEY = "delegation_tag"
 # Why quantize/dequantize at a delegate's edge stay on the CPU (shown in reports).
 BOUNDARY_Q = "quantizes a float input for the delegate (stays on the CPU)"
 BOUNDARY_DQ = "dequantizes a delegate output back to float (stays on the CPU)"
-BOUNDARY_IDS = "casts int64 ids to the int32 a delegate takes (stays on the CPU; TOSA has no int64)"
-IDS_CAST = "tosakit_ids_cast"  # node meta: the cast of an int64 input to int32 ids (a boundary conversion)
+BOUNDARY_IDS = ("casts ids between the model's int64 and the int32 a delegate takes (stays on the CPU; TOSA has no "
+                "int64)")
+IDS_CAST = "tosakit_ids_cast"  # node meta: a cast of ids between int64 and int32 (a boundary conversion)
 SupportFn = Callable[[Node], "str | None"]
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 from torch.fx import Node
-from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, SharedQuantizationSpec
+from torchao.quantization.pt2e.quantizer import DerivedQuantizationSpec, QuantizationAnnotation, SharedQuantizationSpec
 
 from .config import QuantizationConfig
 
@@ -272,15 +272,39 @@ def _spatial_mean(node: Node) -> bool:
     return rank == 4 and sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims)) == [2, 3]
 
 
+def _squares(node: Node) -> bool:
+    """x * x or x ** 2."""
+    if node.op != "call_function":
+        return False
+    if node.target == aten.mul.Tensor:
+        return node.args[0] is node.args[1]
+    return node.target == aten.pow.Tensor_Scalar and node.args[1] == 2
+
+
+# A mean's scale over its input's: the range it can never leave, so wide that no sum of integers divides by a count
+# below 2^17 to an exact tie (TOSA's RESCALE rounds ties up, torch to even: the program would leave the model).
+MEAN_WIDENING = 1 + 2**-16
+
+
+def _widened(observers) -> tuple[torch.Tensor, torch.Tensor]:
+    scale, zero_point = observers[0].calculate_qparams()
+    return (scale.double() * MEAN_WIDENING).to(torch.float32), zero_point
+
+
 @annotates(aten.mean.dim, aten.mean.default)
 def _mean(node: Node, config: QuantizationConfig) -> None:
-    """Global average pooling shares its input's quantization (AVG_POOL2D rounds once); any other mean, say the
-    mean of squares of an RMS norm, spans a narrower range than its input: its own output quantization (shared,
-    a few steps of a wide range would hold it, and a division by a power of two would tie at every other sum)."""
-    if _spatial_mean(node):
+    """Global average pooling shares its input's quantization (AVG_POOL2D rounds once). A mean of squares (an RMS
+    or layer norm's variance) gets its own: it spans far less than the squares. Any other mean keeps its input's
+    range (a range calibrated on a few samples would clip a first moment's), MEAN_WIDENING wider."""
+    x, spec = node.args[0], config.input_activation
+    if _spatial_mean(node) or not is_float_tensor(node) or spec is None:
         _shared(node, config)
-    elif is_float_tensor(node):
+    elif _squares(x):
         unary(node, config)
+    else:
+        _mark(node, {x: spec}, DerivedQuantizationSpec(
+            derived_from=[(x, node)], derive_qparams_fn=_widened, dtype=spec.dtype, quant_min=spec.quant_min,
+            quant_max=spec.quant_max, qscheme=spec.qscheme))
 
 
 @annotates(aten.argmax.default)

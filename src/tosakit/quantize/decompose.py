@@ -62,8 +62,9 @@ def _log_softmax(f: Builder, x: Node, dim: int) -> Node:
 
 
 def _normalize(f: Builder, x: Node, dims: list[int], eps: float) -> Node:
-    """(x - mean) * rsqrt(var + eps) over ``dims``, every step its own op."""
-    dev = f(aten.sub.Tensor, x, f.own(f(aten.mean.dim, x, dims, True)))
+    """(x - mean) * rsqrt(var + eps) over ``dims``, every step its own op: the mean shares x's quantization (it
+    cannot leave x's range), the variance has its own."""
+    dev = f(aten.sub.Tensor, x, f(aten.mean.dim, x, dims, True))
     var = f.own(f(aten.mean.dim, f(aten.mul.Tensor, dev, dev), dims, True))
     return f(aten.mul.Tensor, dev, f(aten.rsqrt.default, f(aten.add.Tensor, var, float(eps))))
 

@@ -381,9 +381,16 @@ def _index_check(node: Node, spec) -> str | None:
 def _gather_check(node: Node, spec) -> str | None:
     if spec.is_u55_subset:
         return "gather needs TOSA GATHER, which Ethos-U55/U65 do not support"
-    if constant_source(node.args[2]) is None:
-        return f"{node.target} with indices computed at run time (only constant indices are lowered)"
+    if constant_source(node.args[2]) is None and not _one_row(node):
+        return (f"{node.target} with indices computed at run time along a tensor with other axes above 1 (only "
+                "constant indices, or one row of them, are lowered)")
     return None
+
+
+def _one_row(node: Node) -> bool:
+    """A gather whose input and indices have size 1 on every axis but the gathered one."""
+    x, index, dim = node.args[0].meta["val"], node.args[2].meta["val"], node.args[1] % node.args[0].meta["val"].dim()
+    return all(x.shape[d] == 1 and index.shape[d] == 1 for d in range(x.dim()) if d != dim)
 
 
 def _rows(ctx: Lowering, a, before: int, size: int, node: Node) -> Value:
@@ -499,9 +506,15 @@ def index_put(ctx: Lowering, node: Node) -> Value:
 
 @lowers(aten.gather.default, int16=True, check=checks(_gather_check))
 def gather(ctx: Lowering, node: Node) -> Value:
-    """Constant indices: each output element's flat source position, one GATHER over the flat input."""
+    """Constant indices: each output element's flat source position, one GATHER over the flat input; indices
+    computed at run time into one row (a token-type or position table read at computed positions): those."""
     x = ctx.arg(node.args[0])
     dim = node.args[1] % x.rank
+    if constant_source(node.args[2]) is None:
+        count = node.args[2].meta["val"].numel()
+        values = ctx.reshape(x, (1, x.torch_shape[dim], 1), node)
+        y = _gather(ctx, values, ctx.reshape(ctx.arg(node.args[2]), (1, count), node), node)
+        return ctx.reshape(y, node.meta["val"].shape, node)
     index = ctx.constant(constant_source(node.args[2]))
     positions = torch.arange(math.prod(x.torch_shape)).reshape(x.torch_shape)
     flat = torch.gather(positions, dim, index.long()).reshape(1, -1)
