@@ -258,7 +258,7 @@ class Lowering:
     def reshape(self, v: Value, torch_shape, node: Node | None = None) -> Value:
         """RESHAPE to a torch shape; data must be in torch order unless only size-1 dims moved."""
         torch_shape = tuple(int(s) for s in torch_shape)
-        if not _order_is_trivial(v):
+        if not order_is_trivial(v):
             v = self.torch_order(v)
         return self.relayout(v, torch_shape, identity(len(torch_shape)), node)
 
@@ -468,7 +468,7 @@ def _big_dims(order, torch_shape) -> list[int]:
     return [d for d in order if torch_shape[d] != 1]
 
 
-def _order_is_trivial(v: Value) -> bool:
+def order_is_trivial(v: Value) -> bool:
     """True when the layout differs from torch order only by where size-1 dims sit."""
     big = _big_dims(v.order, v.torch_shape)
     return big == sorted(big)

@@ -74,6 +74,22 @@ def _size(shape, dims) -> int:
     return math.prod(shape[d] for d in dims)
 
 
+def reduced(shape, perms) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The same data movement at its lowest rank: size-1 dims dropped, dims that stay neighbours merged (a 5-D
+    [1, 1, 32, 2, 16] by (0, 3, 1, 2, 4) is [32, 2, 16] by (1, 0, 2); Vela splits the first into many operations)."""
+    kept = [d for d in range(len(shape)) if shape[d] != 1]
+    at = {d: i for i, d in enumerate(kept)}
+    groups: list[list[int]] = []  # runs of input dims, in output order
+    for d in (p for p in perms if shape[p] != 1):
+        if groups and at[d] == at[groups[-1][-1]] + 1:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    return (tuple(_size(shape, groups[g]) for g in by_input),
+            tuple(by_input.index(g) for g in range(len(groups))))
+
+
 def reshape(g: TosaGraph, x: str, shape, location: str | None = None) -> str:
     """RESHAPE ``x`` to ``shape``, or ``x`` itself when it has that shape already."""
     info = g.info[x]
@@ -90,8 +106,10 @@ def emit_transpose(g: TosaGraph, x: str, case: TransposeCase, form: str, locatio
         raise ValueError(f"form {form!r} does not apply to {case}")
     dtype = case.dtype
     if form == "transpose":
-        x = g.op(Op.TRANSPOSE, [reshape(g, x, case.shape, location)], case.out_shape, dtype,
-                 make_attr("TransposeAttribute", list(case.perms)), location)
+        shape, perms = reduced(case.shape, case.perms)
+        if perms != tuple(range(len(perms))):
+            x = g.op(Op.TRANSPOSE, [reshape(g, x, shape, location)], [shape[p] for p in perms], dtype,
+                     make_attr("TransposeAttribute", list(perms)), location)
         return reshape(g, x, out_shape or case.out_shape, location)
     outer, rows, cols = case.blocks
     blocked = [1, outer, rows, cols]

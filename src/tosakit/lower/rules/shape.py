@@ -15,7 +15,7 @@ import torch
 from torch.fx import Node
 
 from ...quantize.qdq import QParams
-from ..lowering import Lowering, int_dtype, lowers, make_attr
+from ..lowering import Lowering, int_dtype, lowers, make_attr, order_is_trivial
 from ..tosa_graph import Op, Value, identity
 
 aten = torch.ops.aten
@@ -280,9 +280,13 @@ def cat(ctx: Lowering, node: Node) -> Value:
 
 @lowers(aten.expand.default, aten.repeat.default, int16=True, check=rank_check)
 def expand(ctx: Lowering, node: Node) -> Value:
-    """TILE to the output shape (leading dims added first, in place)."""
+    """TILE to the output shape (leading dims added first, in place). A layout still pending is put in torch
+    order before the TILE, on the smaller tensor (attention's keys and values, transposed then repeated for each
+    query head)."""
     out = tuple(node.meta["val"].shape)
     x = lift(ctx, ctx.arg(node.args[0]), len(out), node)
+    if math.prod(out) > math.prod(x.torch_shape) and not order_is_trivial(x):
+        x = ctx.torch_order(x)
     return tile(ctx, x, [out[d] // x.torch_shape[d] for d in x.order], node)
 
 
