@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from side_env import side_env
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
-SIDE_ENV = ROOT / ".venv-executorch"
 ZOO = ("mv2", "mv3", "resnet18", "transformer", "lstm", "unet", "audio1d", "digits", "waves")
 # ExecuTorch's Ethos-U model tests, from the field's own definitions where they install (`--models field`)
 FIELD = ("ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "wav2letter", "conformer", "crnn",
@@ -167,27 +168,9 @@ def _tosakit(name: str, module, inputs, target: str, memory_mode: str | None, fi
     return Figures.of([d.report for d in compiled.edge.delegates], seconds, len(cpu))
 
 
-def _side_env() -> Path:
-    """The ExecuTorch 1.5.1 side environment (its Arm backend, tosakit's torch/Vela/TOSA pins), built once; the
-    test oracle's venv (`make oracle`: the same pins, tests/oracle/requirements.txt) when there is one."""
-    for oracle in (os.environ.get("TOSAKIT_ORACLE_PYTHON"), ROOT / ".venv-oracle" / "bin" / "python"):
-        if oracle and Path(oracle).exists() and (Path(oracle).parent.parent / ".oracle-installed").exists():
-            return Path(oracle)
-    python = SIDE_ENV / "bin" / "python"
-    stamp = SIDE_ENV / ".installed"
-    if not stamp.exists():
-        print(f"building {SIDE_ENV} (executorch==1.5.1) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(SIDE_ENV)], check=True)
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run(pip + ["-r", str(ROOT / "bench" / "executorch-requirements.txt")], check=True)
-        subprocess.run(pip + ["--no-deps", "executorch==1.5.1"], check=True)
-        stamp.touch()
-    return python
-
-
 def _executorch(jobs: list[dict]) -> dict[tuple[str, str], dict]:
     """Compile the jobs with ExecuTorch in the side environment; its results by (model, target)."""
-    python = _side_env()
+    python = side_env()
     (OUT / "jobs.json").write_text(json.dumps(jobs, indent=1))
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     subprocess.run([str(python), str(ROOT / "bench" / "executorch_side.py"), str(OUT / "jobs.json"),

@@ -199,8 +199,7 @@ def _executorch_side(spec: str, model: Path, inputs: Path) -> dict:
     from tosakit.backends.ethosu.vela import compile_tosa
     from tosakit.specs import EthosUCompileSpec
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from run import _side_env
+    from side_env import side_env
 
     work = OUT / "executorch-work" / _key(spec)
     jobs = [{"name": _key(spec), "model": str(model), "inputs": str(inputs), "target": t, "memory_mode": m,
@@ -208,7 +207,7 @@ def _executorch_side(spec: str, model: Path, inputs: Path) -> dict:
     _write(work / "jobs.json", jobs)
     result = {t: {"error": "ExecuTorch's process ended without a result"} for t, _ in TARGETS}
     try:
-        subprocess.run([str(_side_env()), str(ROOT / "bench" / "executorch_side.py"), str(work / "jobs.json"),
+        subprocess.run([str(side_env()), str(ROOT / "bench" / "executorch_side.py"), str(work / "jobs.json"),
                         str(work / "results.json")], check=True, timeout=MODEL_TIMEOUT, capture_output=True,
                        env=dict(os.environ, PYTHONWARNINGS="ignore"))
     except subprocess.TimeoutExpired:

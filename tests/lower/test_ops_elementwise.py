@@ -55,11 +55,12 @@ def test_division_by_zero_constant_stays_on_cpu(harness):
     assert "division by the constant 0" in placement.reason
 
 
-def test_int64_cast_is_refused_with_reason():
-    """TOSA has no int64: the partitioner leaves the cast of an int64 input out and says why; the add is
-    delegated."""
+def test_int64_input_is_narrowed_at_the_edge_with_reason():
+    """TOSA has no int64: an int64 input is cast to int32 on the CPU, at the delegate's edge (no compute op), and
+    says why; its cast to float and the add are delegated."""
     inputs = (torch.randn(2, 4), torch.arange(8).reshape(2, 4))
     edge = _partition(Fn(lambda x, i: x + i.float()), inputs, "TOSA-1.0+FP", quantize=False)
+    [edge_cast] = [p for p in edge.placements if p.placement == "cpu"]
+    assert "TOSA has no int64" in edge_cast.reason and not edge_cast.compute
     placed = {p.node: p for p in edge.placements}
-    assert placed["_to_copy"].placement == "cpu" and "TOSA has no int64" in placed["_to_copy"].reason
-    assert placed["add"].placement == "delegate"
+    assert placed["_to_copy"].placement == placed["add"].placement == "delegate"

@@ -72,10 +72,18 @@ def test_gather_refused_on_u55_with_reason(harness):
     assert left.target == "aten.gather.default" and "GATHER" in left.reason and "Ethos-U55" in left.reason
 
 
-def test_index_select_with_run_time_indices_refused_with_reason(harness):
+def test_index_select_with_run_time_int64_indices_delegates_fp():
+    """int64 indices given at run time are cast to int32 at the delegate's edge (no compute op on the CPU); the
+    index_select runs in the delegate and the program gives the model's result."""
+    from tosakit.flow import compile
+    from tosakit.runtime import LoadedProgram
+
     inputs = (seed_inputs((2, 3, 5))[0], torch.tensor([2, 0]))
-    [left] = harness.cpu_compute(harness.compile(IndexByInput(), inputs, "TOSA-1.0+FP", quantize=False))
-    assert left.target == "aten.index_select.default" and "int64" in left.reason and "index" in left.reason
+    compiled = compile(IndexByInput(), inputs, "TOSA-1.0+FP")
+    [cast] = [p for p in compiled.edge.placements if p.placement == "cpu"]
+    assert "int64" in cast.reason and not cast.compute
+    got = LoadedProgram(compiled.program.buffer, "index.pte", isolate=False).run(list(inputs))[0]
+    assert torch.equal(got, IndexByInput()(*inputs))
 
 
 @pytest.mark.parametrize("name,op", [("index_rows", "GATHER"), ("index_put_rows", "SCATTER")])
@@ -95,12 +103,16 @@ def test_index_put_accumulate_refused_with_reason(harness):
     assert left.target == "aten.index_put.default" and "accumulate" in left.reason
 
 
-def test_integer_cumsum_to_int64_refused_with_reason(harness):
-    """Integers sum to int64 in PyTorch, which TOSA lacks: the reason names the dtype argument to pass."""
-    module = Op(lambda x: (x > 0).to(torch.int32).cumsum(-1)).eval()
-    compiled = harness.compile(module, seed_inputs((2, 8)), "TOSA-1.0+FP", quantize=False)
-    reasons = [p.reason for p in harness.cpu_compute(compiled) if p.target == "aten.cumsum.default"]
-    assert reasons and "dtype=torch.int32" in reasons[0]
+def test_integer_cumsum_to_int64_runs_in_int32_u85(harness):
+    """Integers sum to int64 in PyTorch, which TOSA lacks: the cumulative sum runs in int32 in the delegate and
+    its result is cast back to the int64 the model gives, at the edge; the program gives the model's result."""
+    from tosakit.runtime import LoadedProgram
+
+    module, inputs = Op(lambda x: (x > 0).to(torch.int32).cumsum(-1)).eval(), seed_inputs((2, 8))
+    compiled = harness.compile(module, inputs, "ethos-u85-256", quantize=True)
+    assert not harness.cpu_compute(compiled)
+    got = LoadedProgram(compiled.program.buffer, "cumsum.pte", isolate=False).run(list(inputs))[0]
+    assert got.dtype == torch.int64 and torch.equal(got, module(*inputs))
 
 
 def test_negative_padding_refused_with_reason(harness):

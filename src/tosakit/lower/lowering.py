@@ -24,6 +24,7 @@ from ..specs import TosaSpecification
 from .tosa_graph import (NHWC, TORCH_TO_TOSA, DType, EmittedOp, Op, TosaGraph, Value, count_ops, identity,
                          make_attr, storage_order)
 from .transpose import Case, ChooseForm, emit_transpose, transpose_case
+from .views import regrouped, view_groups, view_order
 
 Check = Callable[[Node, TosaSpecification], "str | None"]
 
@@ -272,13 +273,22 @@ class Lowering:
 
     def view(self, v: Value, torch_shape, node: Node | None = None) -> Value:
         """A torch view: when it only adds or drops size-1 dims, a relabelling that keeps ``v``'s layout
-        (channels last stays channels last, so conv1d's and linear's views cost no TRANSPOSE); otherwise
-        ``reshape``. The result may be in any order, unlike ``reshape``'s."""
+        (channels last stays channels last, so conv1d's and linear's views cost no TRANSPOSE); when it splits or
+        merges dims, the same where each merged run is stored together, else after the least reordering that
+        makes it so (``views``). The result may be in any order, unlike ``reshape``'s."""
         torch_shape = tuple(int(s) for s in torch_shape)
         old_big = [d for d in range(v.rank) if v.torch_shape[d] != 1]
         new_big = [d for d, s in enumerate(torch_shape) if s != 1]
         if [v.torch_shape[d] for d in old_big] != [torch_shape[d] for d in new_big]:
-            return self.reshape(v, torch_shape, node)
+            groups = view_groups(v.torch_shape, torch_shape) if not order_is_trivial(v) else None
+            if groups is None:
+                return self.reshape(v, torch_shape, node)
+            stored = _big_dims(v.order, v.torch_shape)
+            target = regrouped(stored, groups)
+            if target != stored:
+                v = self.to_order(v, tuple(d for d in v.order if v.torch_shape[d] == 1) + tuple(target))
+            order = view_order(target, groups, torch_shape)
+            return self.relayout(v, [torch_shape[d] for d in order], order, node)
         to_new = dict(zip(old_big, new_big))
         stored = [to_new[d] for d in v.order if d in to_new]  # big dims in storage order, renumbered
         rank = len(torch_shape)

@@ -72,6 +72,10 @@ CASES = {
     "cat": _op(lambda x, y: torch.cat([x, y], 1), [(1, 2, 3, 4), (1, 3, 3, 4)], False),
     # a KV cache's first step (transformers' DynamicCache): the cache so far is empty and the cat drops it
     "cat_empty": _op(lambda x, y: torch.cat([x[:, :0], y], 1), [(1, 3, 8), (1, 4, 8)], False),
+    # ShuffleNet's channel shuffle on channels-last data, then its split: views that split and merge channels
+    "conv_channel_shuffle": _op(lambda x: x.view(1, 2, 3, 4, 5).transpose(1, 2).reshape(1, 6, 4, 5).chunk(2, 1)[1],
+                                [(1, 3, 4, 5)], True),
+    "conv_view_split_channels": _op(lambda x: x.view(1, 2, 3, 20), [(1, 3, 4, 5)], True),
     "cat_scaled": _op(lambda x, y: torch.cat([x, 4 * y], -1), [(2, 3, 4), (2, 3, 2)], False),
     "conv_cat_channels": _op(lambda x: torch.cat([x, -x[:, :2]], 1), [(1, 3, 4, 5)], True),
     "conv_cat_with_input": _op(lambda x, y: torch.cat([x, y], 1), [(1, 3, 4, 5), (1, 2, 4, 5)], True),
