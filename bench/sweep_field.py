@@ -267,9 +267,10 @@ def _parallel_jobs(requested: int | None) -> int:
 
 
 def run_sweep(entries: list[dict], jobs: int, redo_tosakit: bool) -> None:
-    """Every model without a row (all with ``redo_tosakit``), ``jobs`` processes at once, rows written as they end."""
+    """Every model without a row (with ``redo_tosakit``, every model with one: tosakit's side again, ExecuTorch's
+    from its cache), ``jobs`` processes at once, rows written as they end."""
     rows = OUT / "rows"
-    todo = sorted((e for e in entries if redo_tosakit or not (rows / f"{_key(e['spec'])}.json").exists()),
+    todo = sorted((e for e in entries if (rows / f"{_key(e['spec'])}.json").exists() == redo_tosakit),
                   key=lambda e: e["macs"])  # the small first: figures sooner
     print(f"sweep: {len(entries)} models, {len(entries) - len(todo)} done before, {len(todo)} to run, {jobs} at once",
           flush=True)
@@ -328,8 +329,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, help="models at once (default: the cores, within memory)")
     parser.add_argument("--reselect", action="store_true", help="apply the selection rules again")
-    parser.add_argument("--redo-tosakit", action="store_true", help="recompile every model with tosakit (ExecuTorch's "
-                        "side stays cached)")
+    parser.add_argument("--redo-tosakit", action="store_true", help="recompile every model that has a row with tosakit "
+                        "(ExecuTorch's side stays cached)")
     parser.add_argument("--sources", default=",".join(SOURCES), help="which sources (default: all)")
     parser.add_argument("--only", help="comma-separated specs or substrings: run these models only")
     parser.add_argument("--report-only", action="store_true", help="print the tables from the rows there are")
