@@ -161,3 +161,14 @@ def test_tiny_qwen2_with_int64_ids_delegates_whole_and_equals_the_fake_quantized
     program = LoadedProgram(compiled.program.buffer, "qwen2.pte", isolate=False)
     ids = torch.randint(0, 1024, (1, 32), generator=torch.Generator().manual_seed(1))
     assert torch.equal(program.run([ids])[0], evaluate_exact(compiled.quantized, ids)[0])
+
+
+def test_a_user_file_importing_torchvision_and_timm_loads(tmp_path):
+    """A model file that imports the field's libraries itself loads in tosakit's venv, as -m torchvision:NAME does
+    (PyPI's torchvision is a CUDA build beside torch's CPU wheel)."""
+    path = tmp_path / "my_model.py"
+    path.write_text("import torch\nimport torchvision\nimport timm\n\n"
+                    "def build():\n"
+                    "    return torchvision.models.mobilenet_v3_small(weights=None), (torch.randn(1, 3, 224, 224),)\n")
+    name, model, (x,) = load_model(f"{path}:build")
+    assert model(x).shape == (1, 1000)

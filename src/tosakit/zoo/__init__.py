@@ -88,6 +88,9 @@ def _load_from_file(path: Path, attr: str, input_shapes) -> tuple[str, torch.nn.
     if not path.is_file():
         raise TosakitError(f"model file {path} not found", "give an existing .py file: path/to/model.py:ClassName")
     mod_name = f"_tosakit_user_{path.stem}"
+    if importlib.util.find_spec("torchvision") and any(
+            p in path.read_text(errors="replace") for p in ("torchvision", "timm", "transformers")):
+        field.import_torchvision()  # PyPI's CUDA torchvision, beside torch's CPU wheel: as for -m torchvision:NAME
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
