@@ -265,7 +265,7 @@ def _sum(node: Node, config: QuantizationConfig) -> None:
         unary(node, config)
 
 
-def _spatial_mean(node: Node) -> bool:
+def spatial_mean(node: Node) -> bool:
     """A mean over H and W of a 4-D tensor: global average pooling."""
     rank = node.args[0].meta["val"].dim()
     dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else []
@@ -297,7 +297,7 @@ def _mean(node: Node, config: QuantizationConfig) -> None:
     or layer norm's variance) gets its own: it spans far less than the squares. Any other mean keeps its input's
     range (a range calibrated on a few samples would clip a first moment's), MEAN_WIDENING wider."""
     x, spec = node.args[0], config.input_activation
-    if _spatial_mean(node) or not is_float_tensor(node) or spec is None:
+    if spatial_mean(node) or not is_float_tensor(node) or spec is None:
         _shared(node, config)
     elif _squares(x):
         unary(node, config)

@@ -7,6 +7,7 @@ import tosa_serializer as ts
 import torch
 from torch.fx import Node
 
+from ...quantize.annotate import spatial_mean
 from ..lowering import NAN_PROPAGATE, Lowering, accumulator, int_dtype, lowers, make_attr
 from ..tosa_graph import NHWC, DType, Op, Value
 from .conv import concat, slice_axis
@@ -18,10 +19,6 @@ def _dims(node: Node) -> list[int]:
     rank = node.args[0].meta["val"].dim()
     dims = node.args[1] if len(node.args) > 1 and node.args[1] is not None else list(range(rank))
     return sorted(d % rank for d in ([dims] if isinstance(dims, int) else dims))
-
-
-def _is_spatial_mean(node: Node) -> bool:
-    return node.args[0].meta["val"].dim() == 4 and _dims(node) == [2, 3]
 
 
 def _avg_pool(ctx: Lowering, node: Node, x: Value, kernel, stride, pads, out_nchw) -> Value:
@@ -46,7 +43,7 @@ def mean(ctx: Lowering, node: Node) -> Value:
     out = tuple(node.meta["val"].shape)
     q_out = ctx.q_of(node)
     rounds_once = x.q is None or (q_out.s, q_out.zp) == (x.q.s, x.q.zp)
-    if _is_spatial_mean(node) and rounds_once:  # global average pooling (a new scale: sum, one rescale)
+    if spatial_mean(node) and rounds_once:  # global average pooling (a new scale: sum, one rescale)
         n, c, h, w = x.torch_shape
         y = _avg_pool(ctx, node, x, (h, w), (1, 1), (0, 0, 0, 0), (n, c, 1, 1))
         return ctx.view(y, out, node) if len(out) != 4 else y
