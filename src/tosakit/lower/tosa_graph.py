@@ -161,6 +161,7 @@ class TosaGraph:
         self._tensors: dict[str, object] = {}
         self.info: dict[str, TensorInfo] = {}
         self.ops: list[EmittedOp] = []
+        self.producer: dict[str, EmittedOp] = {}  # output name -> the op that writes it
 
     def input(self, shape, dtype) -> str:
         t = self.ser.addPlaceholder(list(shape), dtype)
@@ -197,7 +198,15 @@ class TosaGraph:
         self.ser.addOperator(op, list(inputs), [out.name], attr.build(), loc)
         self.info[out.name] = TensorInfo(out.name, tuple(shape), dtype)
         self.ops.append(EmittedOp(op.name, tuple(self.info[i] for i in inputs), self.info[out.name], attr, location))
+        self.producer[out.name] = self.ops[-1]
         return out.name
+
+    def source(self, name: str) -> EmittedOp | None:
+        """The op that computes ``name``'s bytes, looking through RESHAPEs (None for inputs and constants)."""
+        op = self.producer.get(name)
+        while op is not None and op.op == "RESHAPE":
+            op = self.producer.get(op.inputs[0].name)
+        return op
 
     def rescale(self, x: str, scale, out_dtype, in_zp: int = 0, out_zp: int = 0, location: str | None = None) -> str:
         """RESCALE ``x`` by a real ``scale`` (a float, or one per channel along the last dim) to ``out_dtype``;

@@ -97,8 +97,12 @@ def _decompose_group_norm(f: Builder, node: Node) -> Node | None:
     x, groups = node.args[0], node.args[1]
     args = list(node.args) + [None] * 4
     shape = list(x.meta["val"].shape)
-    grouped = f(aten.view.default, x, [shape[0], groups, -1])
-    y = f(aten.view.default, _normalize(f, grouped, [2], args[4] if args[4] is not None else 1e-5), shape)
+    eps = args[4] if args[4] is not None else 1e-5
+    if groups in (1, shape[1]):  # one group, or one per channel: no view, so no layout change around it
+        y = _normalize(f, x, list(range(1 if groups == 1 else 2, len(shape))), eps)
+    else:  # reshape, not view: x may be channels-last in memory
+        grouped = f(aten.reshape.default, x, [shape[0], groups, -1])
+        y = f(aten.reshape.default, _normalize(f, grouped, [2], eps), shape)
     return _affine(f, y, args[2], args[3], [shape[1]] + [1] * (len(shape) - 2))
 
 

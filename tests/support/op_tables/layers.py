@@ -52,6 +52,17 @@ def _randomized(module):
     return module
 
 
+class ChannelsLastGroupNorm(nn.Module):
+    """Group norm of a tensor laid out channels-last in memory (timm's CPUBone): its groups are not a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = _randomized(nn.GroupNorm(2, 8))
+
+    def forward(self, x):
+        return self.norm(x.contiguous(memory_format=torch.channels_last))
+
+
 class LinearBatchNorm(nn.Module):
     def __init__(self):
         super().__init__()
@@ -84,6 +95,20 @@ class SelfAttention(nn.Module):
         y = nn.functional.scaled_dot_product_attention(self._split(self.q(x)), self._split(self.k(x)),
                                                        self._split(self.v(x)))
         return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class FusedQkvAttention(nn.Module):
+    """One head whose q, k and v are channel slices of one projection (timm's attention): q, a slice, is the left
+    operand of a MATMUL (Vela 5.2 miscompiles that on Ethos-U55 unless tosakit copies it first)."""
+
+    def __init__(self, dim=24):
+        super().__init__()
+        self.dim = dim
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unsqueeze(1).split(self.dim, dim=-1)
+        return ((q @ k.transpose(-2, -1)) * self.dim ** -0.5).softmax(-1) @ v
 
 
 class Recurrent(nn.Module):
@@ -127,6 +152,9 @@ CASES = {
     "layer_norm_2d_shape": OpCase(lambda: _randomized(nn.LayerNorm([4, 8])), [(2, 4, 8)]),
     "layer_norm_no_affine": OpCase(lambda: nn.LayerNorm(16, elementwise_affine=False), [(1, 4, 16)]),
     "group_norm": OpCase(lambda: _randomized(nn.GroupNorm(2, 8)), [(1, 8, 4, 4)]),
+    "group_norm_channels_last": OpCase(ChannelsLastGroupNorm, [(1, 8, 4, 4)]),
+    "group_norm_one_group": OpCase(lambda: _randomized(nn.GroupNorm(1, 8)), [(1, 8, 4, 4)]),
+    "group_norm_group_per_channel": OpCase(lambda: _randomized(nn.GroupNorm(8, 8)), [(1, 8, 4, 4)]),
     "batch_norm2d_input": OpCase(lambda: _randomized(nn.BatchNorm2d(4)), [(1, 4, 6, 6)]),
     "batch_norm1d_after_linear": OpCase(LinearBatchNorm, [(2, 16)]),
     "softmax": OpCase(Softmax, [(2, 16)]),
@@ -135,6 +163,7 @@ CASES = {
     "log_softmax_dim1": OpCase(lambda: LogSoftmax(1), [(1, 10, 4)]),
     "sdpa": OpCase(Sdpa, [(1, 2, 8, 16)] * 3),
     "self_attention": OpCase(SelfAttention, [(1, 8, 16)]),
+    "attention_fused_qkv": OpCase(FusedQkvAttention, [(1, 20, 24)]),
     "avg_pool2d_4x4": OpCase(lambda: nn.AvgPool2d(4, 4), [(1, 8, 8, 8)]),
     "avg_pool2d_pad_counted": OpCase(lambda: nn.AvgPool2d(3, 1, 1), [(1, 4, 8, 8)]),
     "avg_pool2d_12x12_valid": OpCase(lambda: nn.AvgPool2d(12, 1), [(1, 4, 14, 14)]),

@@ -16,10 +16,21 @@ aten = torch.ops.aten
 lowers(aten.mul.Scalar)(mul)
 
 
+def _unsliced(ctx: Lowering, a: Value) -> Value:
+    """A MATMUL's left operand that Vela 5.2 reads correctly on Ethos-U55/U65. When it is a SLICE of a wider
+    tensor (q of a fused qkv projection), Vela folds the slice into the read but keeps the wider tensor's depth
+    for its elementwise MUL and REDUCE_SUM steps, which then compute wrong values and write past their buffer
+    (the NPU simulator shows it): the slice is copied into a tensor of its own first, by an identity RESCALE."""
+    source = ctx.g.source(a.name)
+    if not ctx.spec.is_u55_subset or a.q is None or source is None or source.op != "SLICE":
+        return a
+    return ctx.rescale(a, 1.0, a.dtype, a.q.zp, a.q.zp, q=a.q)
+
+
 def _matmul3(ctx: Lowering, node: Node, a: Value, b: Value) -> Value:
     """MATMUL of [N, H, C] x [N, C, W] in torch order; the INT result (int32, or int48 for int16 operands) is
     requantized to the node's output."""
-    a, b = ctx.torch_order(a), ctx.torch_order(b)
+    a, b = _unsliced(ctx, ctx.torch_order(a)), ctx.torch_order(b)
     shape = (a.shape[0], a.shape[1], b.shape[2])
     q_out = ctx.q_of(node)
     if q_out is None:
