@@ -393,7 +393,11 @@ class Lowering:
         lo, hi = bounds
         if v.q is None:
             return self.clamp(v, -F32_MAX if lo is None else lo, F32_MAX if hi is None else hi, node=node)
-        return self.clamp(v, *quantized_bounds(v.q, lo, hi), node=node)
+        qlo, qhi = quantized_bounds(v.q, lo, hi)
+        info = torch.iinfo(v.q.dtype)
+        if qlo <= info.min and qhi >= info.max:  # a ReLU whose range starts at 0: the RESCALE already saturates
+            return v
+        return self.clamp(v, qlo, qhi, node=node)
 
 
 F32_MAX = 3.4028234663852886e38
