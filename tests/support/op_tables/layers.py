@@ -177,6 +177,11 @@ CASES = {
     "upsample_nearest_4x2": OpCase(lambda: nn.Upsample(scale_factor=(4, 2)), [(1, 4, 3, 4)]),
     "upsample_nearest_3x": OpCase(lambda: nn.Upsample(scale_factor=3), [(1, 4, 4, 4)]),
     "upsample_nearest_3x1": OpCase(lambda: nn.Upsample(scale_factor=(3, 1)), [(1, 4, 4, 5)]),
+    # ratios that are no integer (GhostNetV3's gate: 3x3 -> 7x7): Ethos-U85 only
+    "upsample_nearest_3_to_7": OpCase(lambda: nn.Upsample(size=(7, 7)), [(1, 4, 3, 3)], ("fp", "int", "u85")),
+    "upsample_nearest_5x4_to_8x12": OpCase(lambda: nn.Upsample(size=(8, 12)), [(1, 3, 5, 4)], ("fp", "int", "u85")),
+    "upsample_bilinear_3_to_7": OpCase(lambda: nn.Upsample(size=(7, 7), mode="bilinear"), [(1, 4, 3, 3)],
+                                       ("fp", "int", "u85")),
     "upsample_bilinear_2x": OpCase(lambda: nn.Upsample(scale_factor=2, mode="bilinear"), [(1, 4, 5, 5)]),
     "upsample_bilinear_4x": OpCase(lambda: nn.Upsample(scale_factor=4, mode="bilinear"), [(1, 4, 3, 3)]),
     "upsample_bilinear_3x2": OpCase(lambda: nn.Upsample(scale_factor=(3, 2), mode="bilinear"), [(1, 3, 4, 5)]),

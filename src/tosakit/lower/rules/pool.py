@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tosa_serializer as ts
 import torch
@@ -225,13 +227,18 @@ def _upscale(node: Node) -> tuple[int, int]:
 
 
 U55_RESIZE_FACTORS = (2, 4, 8)  # the upscale factors Vela's Ethos-U55/U65 RESIZE takes (nearest only)
+RESIZE_MAX_SIZE = 1024  # TOSA RESIZE's scale numerator 2 * size is at most 2048
 PHASE_FACTOR_LIMIT = 63  # bilinear phases: weights 2s - d in int8, the int16 row pass exact (2s * 255 < 2**15)
 
 
 def _resize_check(node: Node, spec) -> str | None:
     factors = _upscale(node)
-    if node.args[0].meta["val"].dim() != 4 or not all(factors):
-        return "only 2-D upsampling by integer factors lowers (TOSA RESIZE)"
+    size, out = node.args[0].meta["val"].shape[2:], node.meta["val"].shape[2:]
+    if node.args[0].meta["val"].dim() != 4 or any(o < s or o > RESIZE_MAX_SIZE for s, o in zip(size, out)):
+        return f"only 2-D upsampling to at most {RESIZE_MAX_SIZE} rows and columns lowers (TOSA RESIZE)"
+    if spec.is_u55_subset and not all(factors):
+        return (f"the Ethos-U55/U65 TOSA subset upsamples by integer factors only (this one is {tuple(size)} to "
+                f"{tuple(out)}); Ethos-U85 takes it")
     bilinear = node.target == aten.upsample_bilinear2d.vec
     if bilinear and node.args[2]:
         return "bilinear upsampling with align_corners=True has no lowering yet"
@@ -248,18 +255,32 @@ def _by_phases(node: Node, spec) -> bool:
         node.target == aten.upsample_bilinear2d.vec or any(f not in U55_RESIZE_FACTORS for f in _upscale(node)))
 
 
+def _resize_axis(size: int, out: int, bilinear: bool) -> tuple[int, int, int, int]:
+    """TOSA RESIZE's (scale numerator, denominator, offset, border) along one axis from ``size`` to ``out``.
+    An integer factor s samples at (dst + 0.5) / s - 0.5 (2s, 2, 1 - s, s - 1): torch's bilinear with
+    align_corners=False, and TOSA's round-to-nearest index is torch's 'nearest' floor(dst / s). Any other ratio
+    r = out / size in lowest terms p / q: bilinear samples at (dst + 0.5) / r - 0.5 (2p, 2q, q - p, p - q), and
+    nearest at dst / r - 0.5 (2p, 2q, -p, p - 2q), which TOSA rounds up at .5 to torch's floor(dst / r)."""
+    if out % size == 0:
+        s = out // size
+        return 2 * s, 2, 1 - s, s - 1
+    g = math.gcd(out, size)
+    p, q = out // g, size // g
+    return (2 * p, 2 * q, q - p, p - q) if bilinear else (2 * p, 2 * q, -p, p - 2 * q)
+
+
 def _resize(ctx: Lowering, node: Node, bilinear: bool) -> Value:
-    """RESIZE by integer factors s, sampling at (dst + 0.5) / s - 0.5 (numerators 2s, offset 1 - s,
-    border s - 1): bilinear is torch's align_corners=False, and TOSA's round-to-nearest index is
-    torch's 'nearest' floor(dst / s). Integer bilinear results carry a factor of 4s_y*s_x, removed by
-    a RESCALE."""
+    """RESIZE by ``_resize_axis``'s parameters; integer bilinear results carry a factor of the two scale
+    numerators, removed by a RESCALE. Ethos-U55/U65 in INT upsample by phases instead (``_by_phases``)."""
     x = ctx.nhwc(ctx.arg(node.args[0]))
     factors = _upscale(node)
     if _by_phases(node, ctx.spec):
         return _bilinear_phases(ctx, x, factors, node) if bilinear else _nearest_phases(ctx, x, factors, node)
-    scale = [v for s in factors for v in (2 * s, 2)]
-    offset = [1 - s for s in factors]
-    border = [s - 1 for s in factors]
+    axes = [_resize_axis(int(s), int(o), bilinear)
+            for s, o in zip(node.args[0].meta["val"].shape[2:], node.meta["val"].shape[2:])]
+    scale = [v for a in axes for v in a[:2]]
+    offset = [a[2] for a in axes]
+    border = [a[3] for a in axes]
     n, c, oh, ow = node.meta["val"].shape
     integer = x.q is not None
     out_dtype = DType.INT32 if integer and bilinear else x.dtype
