@@ -89,6 +89,50 @@ def test_float_op_between_quantized_layers():
     assert len(edge.delegates) == 2
 
 
+class SplitPartsApart(nn.Module):
+    """GPT-2's fused projection split in parts, one part read by an op Ethos-U55 leaves on the CPU (a select)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.proj(x).split(8, dim=-1)
+        return q * k, torch.where(v > 0, v, v * 0.5)
+
+
+def test_a_split_part_read_on_the_cpu_leaves_no_float_delegate_output_u55():
+    """Each part of a split dequantized tensor is its own dequantize and slice: the delegate that splits hands
+    the CPU's part over quantized (it failed with 'cannot lower ... dequantizes a delegate output back to float')."""
+    inputs = _inputs(2, 8)
+    compiled = compile(SplitPartsApart().eval(), inputs, "ethos-u55-128", quantize=True)
+    placed = {p.node: p for p in compiled.edge.placements}
+    assert placed["where"].placement == "cpu" and compiled.edge.delegates
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
+class GptConv1D(nn.Module):
+    """transformers' GPT-2 Conv1D: addmm(bias, x, W) with W stored [in, out]."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 12) * 0.3)
+        self.bias = nn.Parameter(torch.randn(12) * 0.1)
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.view(-1, 8), self.weight).view(2, 3, 12)
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_addmm_with_constant_weight_is_a_linear_layer_u55_u85(target):
+    """GPT-2's Conv1D runs as a per-channel quantized linear layer on the NPU (it stayed on the CPU: 'no TOSA
+    lowering for aten.addmm.default')."""
+    inputs = _inputs(2, 3, 8)
+    compiled = compile(GptConv1D().eval(), inputs, target, quantize=True)
+    assert all(p.placement == "delegate" for p in compiled.edge.placements if "quantize" not in p.target)
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
 def test_set_io_config_applies_to_model_inputs_and_outputs():
     spec = EthosUCompileSpec("ethos-u55-128")
     io = get_symmetric_quantization_config(act_qmin=-127, act_qmax=127)

@@ -18,7 +18,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..errors import TosakitError, first_line
 from ..native import captured_output
-from .graph import STATE, WRITES, State
+from .graph import STATE, WRITES, State, addmm_as_linear
 
 aten = torch.ops.aten
 
@@ -419,4 +419,6 @@ def capture(ep: ExportedProgram, preserve=PRESERVED_OPS) -> CapturedProgram:
         ep = to_core_aten(ep, preserve)
     captured = inline_constants(ep, direct)
     user_outputs_only(ep, captured.graph_module)
+    addmm_as_linear(captured.graph_module)
     return captured
+

@@ -157,3 +157,30 @@ def promote_constants(gm: GraphModule) -> GraphModule:
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return gm
+
+
+def addmm_as_linear(gm: GraphModule) -> GraphModule:
+    """addmm(bias, x, W) with constant W and 1-D bias and no scaling (transformers' GPT-2 Conv1D) becomes
+    linear(x, W^T, bias): one layer that quantizes per channel and lowers as a convolution."""
+    changed = False
+    for node in [n for n in gm.graph.nodes if n.target == aten.addmm.default]:
+        bias, x, weight = node.args[:3]
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1 or \
+                any(not isinstance(a, torch.fx.Node) or a.op != "get_attr" for a in (bias, weight)) or \
+                graph_attr(gm, bias).dim() != 1:
+            continue
+        name = "_t_" + weight.target.replace(".", "_")
+        if not hasattr(gm, name):
+            gm.register_buffer(name, graph_attr(gm, weight).detach().t().contiguous())
+        with gm.graph.inserting_before(node):
+            w_t = gm.graph.get_attr(name)
+            linear = gm.graph.call_function(aten.linear.default, (x, w_t, bias))
+        w_t.meta["val"] = getattr(gm, name)
+        linear.meta = dict(node.meta)
+        node.replace_all_uses_with(linear)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return gm

@@ -93,6 +93,33 @@ def duplicate_dequantize(gm: GraphModule) -> GraphModule:
     return _finish(gm)
 
 
+def split_dequantized(gm: GraphModule) -> GraphModule:
+    """A dequantized tensor split in parts becomes a dequantize and a slice per part, so each part joins the
+    delegate that reads it (GPT-2's fused q, k, v: a part whose reader stayed on the CPU held the split's
+    delegate to a float output)."""
+    for node in list(gm.graph.nodes):
+        if node.target not in (aten.split_with_sizes.default, aten.split.Tensor) or node.args[0].target != _DQ:
+            continue
+        dq, shape = node.args[0], node.args[0].meta["val"].shape
+        dim = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % len(shape)
+        sizes = node.args[1] if node.target == aten.split_with_sizes.default else \
+            [min(node.args[1], shape[dim] - start) for start in range(0, shape[dim], node.args[1])]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        for item in list(node.users):
+            i = item.args[1]
+            with gm.graph.inserting_before(item):
+                part = gm.graph.call_function(aten.slice.Tensor, (gm.graph.node_copy(dq), dim, starts[i],
+                                                                  starts[i] + sizes[i]))
+            part.args[0].meta = dict(dq.meta)
+            part.meta = dict(item.meta)
+            item.replace_all_uses_with(part)
+            gm.graph.erase_node(item)
+        gm.graph.erase_node(node)
+        if not dq.users:
+            gm.graph.erase_node(dq)
+    return _finish(gm)
+
+
 def _moves_data(node) -> bool:
     return isinstance(node, Node) and node.op == "call_function" and node.target in PASSTHROUGH \
         and node.target is not operator.getitem
@@ -321,8 +348,8 @@ def quantized_state(gm: GraphModule) -> GraphModule:
 
 # What runs before partitioning (whole program) and inside each partition before lowering.
 PROGRAM_PIPELINE = [remove_noops, fold_constants, promote_constants, remove_requantize_noops,
-                    remove_safe_softmax_guard, fold_batch_norm, requantize_around_data_movement, duplicate_dequantize,
-                    quantized_state]
+                    remove_safe_softmax_guard, fold_batch_norm, split_dequantized, requantize_around_data_movement,
+                    duplicate_dequantize, quantized_state]
 PARTITION_PIPELINE = [fuse_integer_activations, fold_quantize_dequantize]
 
 

@@ -12,7 +12,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from ..capture import fold_constants, promote_constants
+from ..capture import addmm_as_linear, fold_constants, promote_constants
 from .annotate import is_float_tensor, training_batch_norm, unary
 from .config import QuantizationConfig
 from .decompose import DECOMPOSE_FOR_ANNOTATION, Builder
@@ -306,6 +306,6 @@ def _scalar_to_tensor(model: GraphModule) -> GraphModule:
 
 def annotation_pipeline(config_for: Callable[[Node], QuantizationConfig | None]) -> list[Callable]:
     """The rewrites before annotation, in the order they run (``config_for`` picks the layers to decompose)."""
-    return [_without_batch_norm_counters, _bias_before_batch_norm, _functional, fold_constants, promote_constants,
-            _drop_same_dtype_casts, _decompose_var, functools.partial(_layers_for_annotation, config_for=config_for),
+    return [_without_batch_norm_counters, _bias_before_batch_norm, _functional, fold_constants, addmm_as_linear,
+            promote_constants, _drop_same_dtype_casts, _decompose_var, functools.partial(_layers_for_annotation, config_for=config_for),
             _elementwise_for_annotation, _scalar_to_tensor]
