@@ -49,6 +49,9 @@ def mean(ctx: Lowering, node: Node) -> Value:
         n, c, h, w = x.torch_shape
         y = _avg_pool(ctx, node, x, (h, w), (1, 1), (0, 0, 0, 0), (n, c, 1, 1))
         return ctx.view(y, out, node) if len(out) != 4 else y
+    if _dims(node) == [x.rank - 1] and x.rank >= 3 and x.tosa_dim(x.rank - 1) == 0 and x.shape[0] > 1:
+        x = ctx.torch_order(x)  # a layer norm's input stored with its features outermost: moved, for all its users
+        ctx.values[node.args[0]] = x
     return _mean_by_sum(ctx, node, x, out)
 
 
