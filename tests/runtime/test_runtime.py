@@ -282,6 +282,37 @@ def test_verify_reports_agreement_for_a_correct_program():
     assert all(layer.vs_float is not None for layer in report.layers if layer.target.endswith("convolution.default"))
 
 
+class TokenEncoder(nn.Module):
+    """BERT's shape in small: int64 token ids, an embedding, a layer norm with a tiny epsilon, masked attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm = nn.Embedding(50, 16), nn.LayerNorm(16, eps=1e-12)
+        self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, ids):
+        x = self.norm(self.embed(ids))
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / 4
+        mask = torch.ones(8, 8, dtype=torch.bool).tril()
+        return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ x
+
+
+def test_every_layer_of_a_token_model_is_compared_with_float():
+    """int64 ids (cast to int32 for the delegate) and constants that quantize to the same integers as several
+    float ones (zero, a norm's epsilon) still pair every layer with its float twin: the per-layer SNR against
+    float is shown for each (for BERT it was '-' on every layer), and the last layer's is the output's."""
+    model = TokenEncoder().eval()
+    inputs = (torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(1)),)
+    compiled = compile(model, inputs, "ethos-u85-256", quantize=True)
+    verify_on = (torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(2)),)
+    report = verify(compiled.edge, compiled.program, verify_on, model, compiled.quantized, layers=True)
+    computing = [layer for layer in report.layers if layer.integer]
+    assert computing and all(layer.vs_float is not None for layer in computing), \
+        [layer.node for layer in computing if layer.vs_float is None]
+    [out] = report.outputs
+    assert report.layers[-1].vs_float.snr_db == pytest.approx(out.vs_float.snr_db, abs=0.05)
+
+
 @pytest.mark.parametrize("target", ["TOSA-1.0+INT", "TOSA-1.0+FP", "vgf", "ethos-u55-128"])
 def test_every_backend_runs_on_the_host(target, tmp_path):
     """TOSABackend from its payload; VGF and Ethos-U from the TOSA carried with --debug-info."""

@@ -81,8 +81,29 @@ def _affine(f: Builder, y: Node, weight, bias, shape) -> Node:
 def _decompose_softmax(f: Builder, node: Node) -> Node | None:
     if len(node.args) > 2 and node.args[2] not in (None, False):
         return None  # softmax with a dtype conversion stays whole
-    fn = _log_softmax if node.target == aten.log_softmax.int else _softmax
-    return fn(f, node.args[0], node.args[1])
+    x, dim = node.args[:2]
+    if node.target == aten.log_softmax.int:
+        return _log_softmax(f, x, dim)
+    if x.target == aten.masked_fill.Scalar and x.args[2] == float("-inf"):
+        return _masked_softmax(f, x, dim)
+    return _softmax(f, x, dim)
+
+
+def _masked_softmax(f: Builder, filled: Node, dim: int) -> Node:
+    """softmax(scores.masked_fill(mask, -inf)) as the scores' exp with the masked ones set to 0, over their sum:
+    no -inf to quantize (its range would be infinite)."""
+    scores, mask = filled.args[:2]
+    _, e, _ = _softmax_parts(f, scores, dim)
+    e = _zero_where(f, mask, e)
+    return f(aten.mul.Tensor, e, f(aten.reciprocal.default, f(aten.sum.dim_IntList, e, [dim], True)))
+
+
+def _zero_where(f: Builder, mask: Node, x: Node) -> Node:
+    """``x`` with 0 where ``mask`` is set: a MUL by the kept positions when the mask is a constant (a causal
+    mask; Ethos-U55 has no SELECT), else a where."""
+    if mask.op == "get_attr":
+        return f(aten.mul.Tensor, x, f.constant("kept", (~graph_attr(f.model, mask).bool()).float()))
+    return f(aten.where.ScalarSelf, mask, 0.0, x)
 
 
 def _decompose_layer_norm(f: Builder, node: Node) -> Node | None:
@@ -167,7 +188,7 @@ def _decompose_sdpa(f: Builder, node: Node) -> Node | None:
     if masked is None:
         return f(aten.matmul.default, _softmax(f, scores, -1), v)
     _, e, _ = _softmax_parts(f, scores, -1)
-    e = f(aten.where.ScalarSelf, masked, 0.0, e)
+    e = _zero_where(f, masked, e)
     weights = f(aten.mul.Tensor, e, f(aten.reciprocal.default, f(aten.sum.dim_IntList, e, [-1], True)))
     return f(aten.matmul.default, weights, v)
 

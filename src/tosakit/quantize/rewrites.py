@@ -182,6 +182,7 @@ def _layers_for_annotation(model: GraphModule, config_for: Callable[[Node], Quan
         for own in f.own_qparams:
             unary(own, config)
         _replace_results(model, node, out)
+    model.graph.eliminate_dead_code()  # what only the decomposed layer read (a masked softmax's -inf fill)
     model.recompile()
     return model
 

@@ -26,11 +26,14 @@ class FloatReference:
 
     def constant_key(self, value, tolerance: torch.Tensor | float | None) -> int:
         """The key of the float constant ``value`` stands for: equal (``tolerance`` None) or within
-        ``tolerance`` of it everywhere; a new key when there is none."""
+        ``tolerance`` of it everywhere; a new key when there is none. When several are (a quantized zero is within
+        half a step of zero and of a norm's epsilon), the first, with the others kept as its alternatives
+        (``Keys.alternatives``: the op reading it picks the one the float graph has)."""
         if not isinstance(value, torch.Tensor):
             return self.keys.unique()
         integer = not value.is_floating_point()
         v = value.detach()
+        found = []
         for c, key in self.constants.get(tuple(v.shape), []):
             if c.is_floating_point() == integer:
                 continue
@@ -46,8 +49,10 @@ class FloatReference:
             if head and not bool((diff.flatten()[:head] <= tol_t.flatten()[:head]).all()):
                 continue
             if bool((diff <= tol_t).all()):
-                return key
-        return self.keys.unique()
+                found.append(key)
+        if len(found) > 1:
+            self.keys.alternatives[found[0]] = tuple(found[1:])
+        return found[0] if found else self.keys.unique()
 
     def name_of(self, key: int) -> str | None:
         return self.by_key.get(key)

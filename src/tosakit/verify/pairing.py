@@ -22,6 +22,14 @@ def _shape(node) -> tuple | None:
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
 
 
+def _integer_cast(node: Node) -> bool:
+    """A cast between integer dtypes (the int64 token ids a delegate takes as int32): the same values."""
+    if node.target != aten._to_copy.default or not isinstance(node.args[0], Node):
+        return False
+    vals = [n.meta.get("val") for n in (node, node.args[0])]
+    return all(isinstance(v, torch.Tensor) and not v.dtype.is_floating_point and v.dtype != torch.bool for v in vals)
+
+
 class Keys:
     """Value numbering shared by several graphs: two nodes get the same key when they compute the same
     function of the model's inputs. Quantize, dequantize and copies are looked through, chains of reshapes
@@ -30,6 +38,7 @@ class Keys:
 
     def __init__(self):
         self.ids: dict[object, int] = {}
+        self.alternatives: dict[int, tuple[int, ...]] = {}  # a constant's key -> other float constants it matches
 
     def intern(self, key) -> int:
         return self.ids.setdefault(key, len(self.ids))
@@ -71,7 +80,8 @@ class Numbering:
 
     def _key(self, node: Node) -> int:
         t, a0 = node.target, node.args[0] if node.args else None
-        if (is_quantize(node) or is_dequantize(node) or t in SAME_VALUE) and isinstance(a0, Node):
+        same = is_quantize(node) or is_dequantize(node) or t in SAME_VALUE or _integer_cast(node)
+        if same and isinstance(a0, Node):
             for chain in (self._reshape, self._permute):  # the same value: the same chain
                 if a0 in chain:
                     chain[node] = chain[a0]
@@ -87,15 +97,32 @@ class Numbering:
             dims = tuple(before[d] for d in dims)
             self._permute[node] = (base, dims)
             return base if dims == tuple(range(rank)) else self.keys.intern(("permute", base, dims))
-        return self.keys.intern((str(t), self._norm(node.args), self._norm(dict(sorted(node.kwargs.items())))))
+        return self.keys.intern(self._op_key(node))
 
-    def _norm(self, a):
+    def _op_key(self, node: Node) -> tuple:
+        """The op and its arguments' keys; a constant argument that matches several float constants takes the
+        one that makes a key already known (the float graph's op)."""
+        key = self._op_tuple(node, {})
+        if key in self.keys.ids:
+            return key
+        for a in node.all_input_nodes:
+            for alternative in self.keys.alternatives.get(self.get(a), ()):
+                other = self._op_tuple(node, {a: alternative})
+                if other in self.keys.ids:
+                    return other
+        return key
+
+    def _op_tuple(self, node: Node, override: dict) -> tuple:
+        return (str(node.target), self._norm(node.args, override),
+                self._norm(dict(sorted(node.kwargs.items())), override))
+
+    def _norm(self, a, override: dict | None = None):
         if isinstance(a, Node):
-            return ("node", self.get(a))
+            return ("node", override[a] if override and a in override else self.get(a))
         if isinstance(a, (list, tuple)):
-            return tuple(self._norm(x) for x in a)
+            return tuple(self._norm(x, override) for x in a)
         if isinstance(a, dict):
-            return tuple((k, self._norm(v)) for k, v in a.items())
+            return tuple((k, self._norm(v, override)) for k, v in a.items())
         try:
             hash(a)
             return a

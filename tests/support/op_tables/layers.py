@@ -111,6 +111,14 @@ class FusedQkvAttention(nn.Module):
         return ((q @ k.transpose(-2, -1)) * self.dim ** -0.5).softmax(-1) @ v
 
 
+class CausalSoftmax(nn.Module):
+    """Scores masked with -inf above the diagonal, then softmax (a decoder's causal attention weights)."""
+
+    def forward(self, scores):
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+
+
 class Recurrent(nn.Module):
     """An nn.LSTM / nn.GRU returning its output sequence and final hidden state."""
 
@@ -163,6 +171,7 @@ CASES = {
     "log_softmax_dim1": OpCase(lambda: LogSoftmax(1), [(1, 10, 4)]),
     "sdpa": OpCase(Sdpa, [(1, 2, 8, 16)] * 3),
     "self_attention": OpCase(SelfAttention, [(1, 8, 16)]),
+    "softmax_masked_fill_inf": OpCase(CausalSoftmax, [(1, 2, 6, 6)]),
     "attention_fused_qkv": OpCase(FusedQkvAttention, [(1, 20, 24)]),
     "avg_pool2d_4x4": OpCase(lambda: nn.AvgPool2d(4, 4), [(1, 8, 8, 8)]),
     "avg_pool2d_pad_counted": OpCase(lambda: nn.AvgPool2d(3, 1, 1), [(1, 4, 8, 8)]),
