@@ -308,5 +308,6 @@ def _scalar_to_tensor(model: GraphModule) -> GraphModule:
 def annotation_pipeline(config_for: Callable[[Node], QuantizationConfig | None]) -> list[Callable]:
     """The rewrites before annotation, in the order they run (``config_for`` picks the layers to decompose)."""
     return [_without_batch_norm_counters, _bias_before_batch_norm, _functional, fold_constants, addmm_as_linear,
-            promote_constants, _drop_same_dtype_casts, _decompose_var, functools.partial(_layers_for_annotation, config_for=config_for),
-            _elementwise_for_annotation, _scalar_to_tensor]
+            promote_constants, _drop_same_dtype_casts, _decompose_var,
+            functools.partial(_layers_for_annotation, config_for=config_for), _elementwise_for_annotation,
+            _scalar_to_tensor]
