@@ -162,17 +162,23 @@ class StemCase:
         return out.reshape(oc, kh2, kw2, 4 * c)
 
     def applies(self) -> bool:
+        """Patches need no negative padding; the stride-2 convolution's far pads may be negative (rows its
+        windows never reach: the plain form crops them, the patches' convolution just does not reach them)."""
         top, bottom, _, left, right, _ = self.stem_pads()
-        return min(top, bottom, left, right, *self.pads) >= 0
+        return min(top, bottom, left, right, self.pads[0], self.pads[2]) >= 0
 
     def candidate(self, form: str) -> bytes:
         """The convolution alone in ``form`` (seeded weights, a unit requantization), for measuring."""
         g = TosaGraph()
-        x = g.input(self.in_shape, self.dtype)
-        w = np.random.default_rng(0).integers(-127, 128, (self.out_channels, *self.kernel, self.in_shape[3]))
+        cropped = form == "conv" and min(self.pads) < 0  # the rows and columns no window reaches, cropped
+        _, h, wd, c = self.in_shape
+        shape = (1, h + min(self.pads[1], 0), wd + min(self.pads[3], 0), c) if cropped else self.in_shape
+        x = g.input(shape, self.dtype)
+        w = np.random.default_rng(0).integers(-127, 128, (self.out_channels, *self.kernel, c))
         acc = DType.INT32 if self.dtype == DType.INT8 else DType.INT48
         zps = [g.zero_point(0, self.dtype), g.zero_point(0, DType.INT8)]
         x, w, pads, stride = emit_stem(g, x, self, form, w.astype(np.int8))
+        pads = [max(p, 0) for p in pads]
         out = [1, (self.in_shape[1] + self.pads[0] + self.pads[1] - self.kernel[0]) // 2 + 1,
                (self.in_shape[2] + self.pads[2] + self.pads[3] - self.kernel[1]) // 2 + 1, self.out_channels]
         y = g.op(Op.CONV2D, [x, g.const(w, DType.INT8), g.const(np.zeros(self.out_channels), acc), *zps], out, acc,
