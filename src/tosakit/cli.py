@@ -20,14 +20,14 @@ EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130
 
 
-def _shape(text: str) -> tuple[int, ...]:
+def _shape(text: str):
+    """An --input-shape: zoo.inputs' SYNTAX."""
+    from .zoo.inputs import parse_input_spec
+
     try:
-        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: write dimensions like 1,3,224,224") from None
-    if not dims or any(d <= 0 for d in dims):
-        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: dimensions must be positive integers")
-    return dims
+        return parse_input_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--input-shape {text!r}: {exc}") from None
 
 
 def _bytes(text: str) -> int:
@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-i", "--intermediates", metavar="DIR", help="write TOSA, Vela output and report.json here")
     c.add_argument("-o", "--output", help="output .pte (default: <model>_arm[_delegate]_<target>.pte)")
     c.add_argument("--input-shape", "--input_shape", type=_shape, action="append",
-                   help="example input shape for a model file without example inputs (repeat per input)")
+                   help="example input for a model file without example inputs (repeat per input): SHAPE, or "
+                        "SHAPE:DTYPE, or SHAPE:DTYPE:LOW..HIGH for integers (token ids: 1,32:int64:0..30521; "
+                        "integers default to 0..99)")
     c.add_argument("--debug-info", "--debug_info", action="store_true",
                    help="carry each delegate's TOSA inside the .pte (for running it on the host)")
     c.add_argument("--channels-last", "--channels_last", action="store_true",

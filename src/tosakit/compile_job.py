@@ -43,7 +43,7 @@ class CompileOptions:
     arena_cache_size: int | None = None
     intermediates: str | None = None
     output: str | None = None
-    input_shapes: list[tuple[int, ...]] = field(default_factory=list)
+    input_shapes: list = field(default_factory=list)  # zoo.inputs.InputSpec, one per --input-shape
     debug_info: bool = False
     int8_io: bool = False
     channels_last: bool = False

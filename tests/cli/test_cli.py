@@ -77,6 +77,17 @@ class Tiny(torch.nn.Module):
         return torch.relu(self.fc(x))
 """
 
+TOKEN_MODEL = """
+import torch
+class Tok(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(16, 4)
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+"""
+
 DATA_DEPENDENT = """
 import torch
 class Branchy(torch.nn.Module):
@@ -109,7 +120,30 @@ def test_user_model_file_with_input_shape(tmp_path, monkeypatch, capsys, et_orac
     assert et_oracle.load(tmp_path / "tiny.pte") == ["forward"]
 
 
+def test_token_model_file_with_integer_input_shape(tmp_path, monkeypatch, capsys):
+    """--input-shape SHAPE:DTYPE:LOW..HIGH describes token ids: the program takes int64 ids, drawn in range (a
+    float shape made the export fail with 'make forward() traceable')."""
+    (tmp_path / "tok.py").write_text(TOKEN_MODEL)
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "tok.py:Tok", "--input-shape", "1,8:int64:0..49",
+                            "-t", "ethos-u85-256", "--delegate", "--quantize", "--verify", "-o", "tok.pte")
+    assert code == 0, out
+    assert main(["inspect", str(tmp_path / "tok.pte")]) == 0
+    assert "inputs:  int64[1, 8]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1,8:int65", ["unknown dtype 'int65'", "int64"]), ("1,8:float32:0..3", ["range is for integer inputs"]),
+    ("1,8:int8:0..300", ["-128 <= LOW <= HIGH <= 127"]), ("1,8:int64:5", ["LOW..HIGH"]), ("0,8", ["positive"]),
+])
+def test_input_shape_syntax_errors_name_the_option(text, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["compile", "-m", "tok.py:Tok", "--input-shape", text])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"--input-shape {text!r}" in err and all(w in err for w in words), err
+
+
 @pytest.mark.parametrize("args, words", [
+    (["-m", "tok.py:Tok", "--input-shape", "1,8"], ["'indices'", "--input-shape SHAPE:int64:LOW..HIGH"]),
     (["-m", "add", "-t", "ethos-u55-100"], ["ethos-u55-100", "ethos-u55-128"]),
     (["-m", "mobilenet"], ["mobilenet", "mv2"]),
     (["-m", "add", "--system_config", "Ethos_U55_Fast"], ["Ethos_U55_Fast", "Ethos_U55_High_End_Embedded"]),
@@ -150,6 +184,7 @@ def test_bad_input_is_one_clear_error(tmp_path, monkeypatch, capsys, args, words
     (tmp_path / "branchy.py").write_text(DATA_DEPENDENT)
     (tmp_path / "special.py").write_text(NO_KERNEL)
     (tmp_path / "tiny.py").write_text(USER_MODEL)
+    (tmp_path / "tok.py").write_text(TOKEN_MODEL)
     (tmp_path / "broken.py").write_text(BROKEN)
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile.txt").write_text("not a folder")

@@ -90,8 +90,11 @@ def export(model: torch.nn.Module, example_inputs: tuple, dynamic_shapes=None) -
         with captured_output((1, 2)):
             return torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # torch raises many kinds; the first line names the problem
+        integer = re.search(r"scalar types?:? ?(Long|Int)|expected scalar type (Long|Int)", str(exc))
         raise TosakitError(
             f"torch.export could not capture {type(model).__name__}{_user_frame(exc)}: {first_line(exc, 1000)}",
+            "the model indexes with an input (token ids): give it integer example inputs (on the command line "
+            "--input-shape SHAPE:int64:LOW..HIGH, e.g. 1,32:int64:0..30521)" if integer else
             "make forward() traceable: no Python control flow on tensor values (use torch.where / torch.cond), "
             "no unsupported Python objects; see https://pytorch.org/docs/stable/export.html",
         ) from exc

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import math
 import sys
 import traceback
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import torch
 from ..errors import TosakitError, did_you_mean, first_line
 from . import (audio, detection, field, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, speech, tiny,
                trained, transformer, tutorial)
+from .inputs import InputSpec, example_inputs
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ MODELS: dict[str, ZooModel] = {
 }
 
 
-def load_model(spec: str, input_shapes: list[tuple[int, ...]] | None = None) -> tuple[str, torch.nn.Module, tuple]:
+def load_model(spec: str, input_shapes: list[InputSpec] | None = None) -> tuple[str, torch.nn.Module, tuple]:
     """``mv2``, ``torchvision:mobilenet_v3_small`` (``field.SOURCES``) or ``path/file.py:Name`` -> (name, eval-mode
     module, example inputs)."""
     if spec in MODELS:
@@ -74,7 +74,7 @@ def load_model(spec: str, input_shapes: list[tuple[int, ...]] | None = None) -> 
     if spec.partition(":")[0] in field.SOURCES:
         module, inputs = field.load_field_model(spec)
         if input_shapes:
-            inputs = tuple(torch.randn(*s) for s in _checked_shapes(input_shapes))
+            inputs = example_inputs(input_shapes)
         return spec.partition(":")[2].rsplit("/", 1)[-1], module, inputs
     if ":" not in spec and not spec.endswith(".py"):
         raise TosakitError(f"unknown model {spec!r}",
@@ -122,26 +122,13 @@ def _load_from_file(path: Path, attr: str, input_shapes) -> tuple[str, torch.nn.
     if callable(inputs):
         inputs = inputs()
     if input_shapes:
-        inputs = tuple(torch.randn(*s) for s in _checked_shapes(input_shapes))
+        inputs = example_inputs(input_shapes)
     if inputs is None:
         raise TosakitError(f"{path}:{attr} gives no example inputs",
                            "pass --input-shape 1,3,224,224 (repeat for more inputs), or define example_inputs")
     if not isinstance(inputs, tuple):
         inputs = tuple(inputs) if isinstance(inputs, list) else (inputs,)
     return attr, model.eval(), inputs
-
-
-MAX_INPUT_BYTES = 1 << 30  # an example input beyond this is a typo, not a model for an embedded NPU
-
-
-def _checked_shapes(shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    for shape in shapes:
-        size = math.prod(shape) * 4
-        if size > MAX_INPUT_BYTES:
-            text = ",".join(map(str, shape))
-            raise TosakitError(f"--input-shape {text} is {size / (1 << 30):.3g} GiB of float32",
-                               "give the model's real input shape (at most 1 GiB), e.g. 1,3,224,224")
-    return shapes
 
 
 def _call_user(factory, path: Path, attr: str):
