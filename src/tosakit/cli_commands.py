@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import TosakitError
+from .errors import IndexRangeError, TosakitError
 
 
 def cmd_compile(args) -> int:
@@ -64,12 +64,20 @@ def cmd_run(args) -> int:
     else:
         raise TosakitError("tosakit run needs inputs", "pass --inputs file.npz (arrays arg0, arg1, ...) or --random")
     start = time.perf_counter()
-    if args.verify:
-        from .verify.npu_ops import compare_call
+    for attempt in range(MAX_REDRAWS + 1):
+        try:
+            if args.verify:
+                from .verify.npu_ops import compare_call
 
-        outputs, comparisons, operations = program.run_and_check(inputs, compare_call)
-    else:
-        outputs, comparisons, operations = program.run(inputs), [], []
+                outputs, comparisons, operations = program.run_and_check(inputs, compare_call)
+            else:
+                outputs, comparisons, operations = program.run(inputs), [], []
+            break
+        except IndexRangeError as exc:
+            culprits = _out_of_range(exc, inputs)
+            if not (args.random and culprits) or attempt == MAX_REDRAWS:
+                raise _named_index_error(exc, inputs, culprits, args.random) from None
+            inputs = _redrawn(inputs, culprits, exc.high, specs, args.seed)
     seconds = time.perf_counter() - start
     for i, out in enumerate(outputs):
         desc = f"output {i}: {str(out.dtype).replace('torch.', '')}{list(out.shape)}"
@@ -252,3 +260,37 @@ def cmd_demo(args) -> int:
     from .demo import run
 
     return run(Path(args.output_dir))
+
+
+MAX_REDRAWS = 4  # --random: times the ids are drawn again in the range the program says it indexes
+
+
+def _out_of_range(exc: IndexRangeError, inputs: list) -> list[int]:
+    """The integer program inputs holding values outside 0..exc.high."""
+    import torch
+
+    return [i for i, x in enumerate(inputs) if not x.is_floating_point() and x.dtype != torch.bool and x.numel()
+            and (int(x.min()) < 0 or int(x.max()) > exc.high)]
+
+
+def _redrawn(inputs: list, culprits: list[int], high: int, specs, seed: int) -> list:
+    """--random's inputs with the culprits drawn again in 0..high (the program's own range for them)."""
+    from .runtime.io import random_inputs
+
+    ranges = [(0, high) if i in culprits else None for i in range(len(inputs))]
+    fresh = random_inputs([(s.dtype, s.shape) for s in specs], seed=seed, ranges=ranges)
+    print(f"--random: input(s) {', '.join(map(str, culprits))} drawn again in 0..{high}, the rows the program "
+          "indexes with them")
+    return [fresh[i] if i in culprits else x for i, x in enumerate(inputs)]
+
+
+def _named_index_error(exc: IndexRangeError, inputs: list, culprits: list[int], drawn: bool) -> TosakitError:
+    """An index out of range, blamed on the program inputs that hold values outside 0..high (token ids past the
+    vocabulary), when some do; else the program's error as it is."""
+    if not culprits:
+        return exc
+    named = [f"input {i} ({str(inputs[i].dtype).replace('torch.', '')}{list(inputs[i].shape)}: "
+             f"{int(inputs[i].min())}..{int(inputs[i].max())})" for i in culprits]
+    return TosakitError(f"{', '.join(named)} holds indices outside 0..{exc.high}, which the program indexes with "
+                        f"({exc.message})", f"pass values in 0..{exc.high} with --inputs FILE"
+                        + (" (--random draws integers from 0..99)" if drawn else ""))

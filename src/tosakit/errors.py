@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import tempfile
 from pathlib import Path
@@ -26,9 +27,24 @@ class TosakitError(Exception):
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  fix: {self.hint}"
 
+    def prefixed(self, where: str) -> "TosakitError":
+        """The same error (its kind and fields kept) with ``where`` before its message."""
+        new = copy.copy(self)
+        new.message = f"{where}: {self.message}"
+        new.args = (new.message,)
+        return new
+
 
 class UnsupportedOpError(TosakitError):
     """An operator no backend can run on a target that needs it."""
+
+
+class IndexRangeError(TosakitError):
+    """An index the program reads (a token id a gather takes) lies outside 0..``high``: ``value``."""
+
+    def __init__(self, message: str, hint: str, value: int, high: int):
+        super().__init__(message, hint)
+        self.value, self.high = value, high
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

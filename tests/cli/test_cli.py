@@ -131,6 +131,26 @@ def test_token_model_file_with_integer_input_shape(tmp_path, monkeypatch, capsys
     assert "inputs:  int64[1, 8]" in capsys.readouterr().out
 
 
+def test_run_draws_token_ids_in_range_and_names_an_input_out_of_it(tmp_path, monkeypatch, capsys):
+    """run --random draws int64 inputs from 0..99 (it drew -100..100, and a negative id failed the run with the
+    program blamed), and again within the rows the program says it indexes (a vocabulary of 50); an id past the
+    vocabulary in --inputs is one error naming the input and the range, on either engine."""
+    (tmp_path / "tok.py").write_text(TOKEN_MODEL)
+    code, out, _ = _compile(tmp_path, monkeypatch, capsys, "-m", "tok.py:Tok", "--input-shape", "1,8:int64:0..49",
+                            "-t", "ethos-u85-256", "--delegate", "--quantize", "--debug-info", "-o", "tok.pte")
+    assert code == 0, out
+    capsys.readouterr()
+    assert main(["run", "tok.pte", "--random"]) == 0
+    assert "--random: input(s) 0 drawn again in 0..49" in capsys.readouterr().out
+    np.savez(tmp_path / "ids.npz", arg0=np.array([[1, 2, 3, 70, 4, 5, 6, 7]], np.int64))
+    for engine in ("npu", "tosa"):
+        capsys.readouterr()
+        assert main(["run", "tok.pte", "--inputs", "ids.npz", "--engine", engine]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: input 0 (int64[1, 8]: 1..70) holds indices outside 0..49"), err
+        assert "fix: pass values in 0..49 with --inputs FILE" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("text, words", [
     ("1,8:int65", ["unknown dtype 'int65'", "int64"]), ("1,8:float32:0..3", ["range is for integer inputs"]),
     ("1,8:int8:0..300", ["-128 <= LOW <= HIGH <= 127"]), ("1,8:int64:5", ["LOW..HIGH"]), ("0,8", ["positive"]),

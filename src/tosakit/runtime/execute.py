@@ -270,7 +270,7 @@ class Execution:
             try:
                 results = simulate(payload, arrays, deadline=deadline).outputs
             except TosakitError as exc:  # name the program and the call, keep the kind (NpuAccessError, ...)
-                raise type(exc)(f"{what}: {exc.message}", exc.hint) from None
+                raise exc.prefixed(what) from None
         tensors = []
         for res, out, order in zip(results, outs, orders[len(ins):]):
             shape, raw = tuple(out.permute(order).shape), bytearray(np.ascontiguousarray(res).tobytes())

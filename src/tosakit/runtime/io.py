@@ -34,7 +34,8 @@ def read_inputs(path: str | Path, count: int | None = None) -> list[torch.Tensor
 def random_inputs(specs: list[tuple[torch.dtype, tuple[int, ...]]], seed: int = 0,
                   ranges: list[tuple[int, int] | None] | None = None) -> list[torch.Tensor]:
     """Seeded random tensors: normal for floats; integers in ``ranges[i]`` (inclusive) when given, else the full
-    range for 8/16-bit integers and -100..100 for wider ones."""
+    range for 8/16-bit integers (quantized data) and 0..99 for wider ones (token ids, positions, lengths: valid
+    indices of any vocabulary of 100 or more)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i, (dtype, shape) in enumerate(specs):
@@ -44,7 +45,7 @@ def random_inputs(specs: list[tuple[torch.dtype, tuple[int, ...]]], seed: int = 
             out.append(torch.randint(0, 2, shape, generator=g).bool())
         else:
             info = torch.iinfo(dtype)
-            lo, hi = (info.min, info.max) if info.bits <= 16 else (-100, 100)
+            lo, hi = (info.min, info.max) if info.bits <= 16 else (0, 99)
             lo, hi = ranges[i] if ranges and ranges[i] is not None else (lo, hi)
             out.append(torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int64).to(dtype))
     return out

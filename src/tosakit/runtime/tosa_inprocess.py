@@ -7,7 +7,7 @@ import functools
 
 import numpy as np
 
-from ..errors import TosakitError
+from ..errors import IndexRangeError, TosakitError
 from ..native import captured_output
 
 
@@ -52,9 +52,9 @@ def _check_indices(tosa: bytes, inputs: list[np.ndarray]) -> None:
     for k, rows in index_bounds(tosa).items():
         if k < len(inputs) and inputs[k].size and not (0 <= inputs[k].min() and inputs[k].max() < rows):
             bad = inputs[k][(inputs[k] < 0) | (inputs[k] >= rows)].flat[0]
-            raise TosakitError(f"input {k} holds index {bad}, outside 0..{rows - 1}, the rows the graph indexes "
-                               "(a token id past the vocabulary, a negative or too large position)",
-                               f"give input {k} values in 0..{rows - 1}")
+            raise IndexRangeError(f"input {k} holds index {bad}, outside 0..{rows - 1}, the rows the graph indexes "
+                                  "(a token id past the vocabulary, a negative or too large position)",
+                                  f"give input {k} values in 0..{rows - 1}", int(bad), rows - 1)
 
 
 def run_tosa(tosa: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import RAISE_MEMORY_HINT, TosakitError, first_line
+from ..errors import RAISE_MEMORY_HINT, IndexRangeError, TosakitError, first_line
 from ..native import cap_address_space, captured_output, read_exact
 from .tosa_inprocess import run_tosa
 
@@ -50,6 +50,7 @@ class IsolatedReferenceModel:
         """``tosa`` on the reference model."""
         reply = self.call({"tosa": np.frombuffer(tosa, dtype=np.uint8)}, inputs, what, "the TOSA reference model")
         if "error" in reply:
+            _raise_index_error(reply, what)
             raise TosakitError(f"{what}: {reply['error'].item()}", reply["hint"].item() or "the delegate's TOSA does "
                                "not fit its inputs: re-export the program")
         return [reply[f"out{k}"] for k in range(len(reply))]
@@ -65,6 +66,7 @@ class IsolatedReferenceModel:
         if "bug" in reply:
             raise RuntimeError(f"{what}: the Ethos-U simulator failed: {reply['bug'].item()}")
         if "error" in reply:
+            _raise_index_error(reply, what)
             kind = {"NpuAccessError": NpuAccessError, "UnsupportedCommandError": UnsupportedCommandError}.get(
                 reply["kind"].item(), TosakitError)
             raise kind(f"{what}: {reply['error'].item()}", reply["hint"].item() or None)
@@ -132,6 +134,8 @@ def _reply(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "handler" in request:
             return _handler(request["handler"].item())(request, inputs)
         outputs = _simulate(request, inputs) if "payload" in request else run_tosa(request["tosa"].tobytes(), inputs)
+    except IndexRangeError as exc:  # the value and the bound travel with it: the caller names the input
+        return {**_error(exc.message, exc.hint or "", "IndexRangeError"), "index": np.array([exc.value, exc.high])}
     except TosakitError as exc:
         return _error(exc.message, exc.hint or "", type(exc).__name__)
     except MemoryError:
@@ -142,6 +146,12 @@ def _reply(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             raise  # the reference model's own fault ends the child, as it always has: the parent reports that
         return {"bug": np.array(f"{type(exc).__name__}: {first_line(exc)}")}
     return {f"out{k}": o for k, o in enumerate(outputs)}
+
+
+def _raise_index_error(reply: dict[str, np.ndarray], what: str) -> None:
+    if "index" in reply:
+        value, high = (int(v) for v in reply["index"])
+        raise IndexRangeError(f"{what}: {reply['error'].item()}", reply["hint"].item() or None, value, high)
 
 
 def _error(message: str, hint: str = "", kind: str = "TosakitError") -> dict[str, np.ndarray]:

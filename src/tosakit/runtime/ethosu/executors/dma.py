@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....errors import CORRUPT_STREAM_HINT, RUN_TOSA_HINT, TosakitError
+from ....errors import CORRUPT_STREAM_HINT, RUN_TOSA_HINT, IndexRangeError, TosakitError
 from ..npu import LUT_BYTES, Npu, UnsupportedCommandError, check_work, operation
 
 
@@ -57,8 +57,9 @@ def _rows_dma(npu: Npu, source: tuple[int, int], dest: tuple[int, int], length: 
             bound = npu.value("DMA0_IDX_MAX", "idx_max")
             if index.size and (index.min() < 0 or index.max() > bound):
                 bad = int(index[(index < 0) | (index > bound)][0])
-                raise TosakitError(f"{npu.memory.where} {'gathers' if end == 'SRC' else 'scatters'} row {bad}, outside "
-                                   f"0..{bound} (IDX_MAX)", "the program's indices are out of range for the tensor")
+                raise IndexRangeError(f"{npu.memory.where} {'gathers' if end == 'SRC' else 'scatters'} row {bad}, "
+                                      f"outside 0..{bound} (IDX_MAX)",
+                                      "the program's indices are out of range for the tensor", bad, int(bound))
             rows[end] = index
 
     def addresses(end: str, start: int) -> np.ndarray:
