@@ -253,6 +253,19 @@ def test_verify_names_a_broken_layer_first(monkeypatch):
     assert "first divergent from the fake-quantized model: convolution_1" in report.table()
 
 
+def test_verify_table_columns_stay_aligned_for_long_output_shapes():
+    """An output shape wider than the first column ([1, 1000, 1024, 16]) widens it: every row's reference, error
+    and SNR columns start where the header's do (they were pushed right by the shape)."""
+    from tosakit.verify.report import Agreement, OutputReport, VerifyReport
+
+    a = Agreement(0.01, 40.0, 0.9999, None)
+    report = VerifyReport([OutputReport(0, (1, 1000, 1024, 16), a, a), OutputReport(1, (1, 4), a, a)], [])
+    header, *rows = report.table().splitlines()[:5]
+    for row in rows:
+        assert row.index("float" if "float" in row else "fake-quant") == header.index("reference"), (header, row)
+        assert len(row) == len(header), (header, row)
+
+
 def test_verify_never_says_every_layer_matches_when_the_outputs_do_not():
     """Layers each one step off given the same inputs can add up to outputs far apart (an RMS norm's mean of
     squares before its rsqrt): the line says the outputs differ and names the layers that round differently."""

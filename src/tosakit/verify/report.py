@@ -155,13 +155,14 @@ class VerifyReport:
 
     def table(self) -> str:
         """The per-output table for the terminal."""
-        lines = [f"{'output':<18}{'reference':<14}{'max |err|':>12}{'SNR dB':>9}{'cosine':>10}{'top-1':>7}"]
+        width = max([18] + [len(f"{o.index} {list(o.shape)}") + 2 for o in self.outputs])  # long shapes widen it
+        lines = [f"{'output':<{width}}{'reference':<14}{'max |err|':>12}{'SNR dB':>9}{'cosine':>10}{'top-1':>7}"]
         for o in self.outputs:
             for name, a in (("float", o.vs_float), ("fake-quant", o.vs_fake_quant)):
                 if a is None:
                     continue
                 top = "-" if a.top1 is None else ("yes" if a.top1 else "NO")
-                lines.append(f"{f'{o.index} {list(o.shape)}':<18}{name:<14}{a.max_abs_error:>12.4g}"
+                lines.append(f"{f'{o.index} {list(o.shape)}':<{width}}{name:<14}{a.max_abs_error:>12.4g}"
                              f"{_db(a.snr_db):>9}{a.cosine:>10.5f}{top:>7}")
         if self.npu_error:
             lines.append(f"Ethos-U command streams on the NPU simulator: stopped ({self.npu_error}); the figures "
