@@ -38,6 +38,7 @@ def test_field_models_load_by_name():
     name, model, inputs = load_model("timm:deit_tiny_patch16_224")
     assert name == "deit_tiny_patch16_224" and model(*inputs).shape == (1, 1000)
     assert load_model("torchvision:inception_v3")[2][0].shape == (1, 3, 299, 299)
+    assert load_model("torchvision:mobilenet_v3_small", [(1, 3, 160, 160)])[2][0].shape == (1, 3, 160, 160)  # sweep
 
 
 def test_hf_decoder_builds_from_its_published_config():

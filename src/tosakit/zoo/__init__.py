@@ -15,7 +15,7 @@ import torch
 from ..errors import TosakitError, did_you_mean, first_line
 from . import (audio, detection, field, mobilenet_v2, mobilenet_v3, recurrent, resnet, segmentation, speech, tiny,
                trained, transformer, tutorial)
-from .inputs import InputSpec, example_inputs
+from .inputs import example_inputs
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ MODELS: dict[str, ZooModel] = {
 }
 
 
-def load_model(spec: str, input_shapes: list[InputSpec] | None = None) -> tuple[str, torch.nn.Module, tuple]:
+def load_model(spec: str, input_shapes: list | None = None) -> tuple[str, torch.nn.Module, tuple]:
     """``mv2``, ``torchvision:mobilenet_v3_small`` (``field.SOURCES``) or ``path/file.py:Name`` -> (name, eval-mode
-    module, example inputs)."""
+    module, example inputs); ``input_shapes`` (``inputs.InputSpec``s, or float shapes) replace the inputs."""
     if spec in MODELS:
         module, inputs = MODELS[spec].factory()
         return spec, module.eval(), inputs

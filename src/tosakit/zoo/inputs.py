@@ -67,8 +67,9 @@ def parse_input_spec(text: str) -> InputSpec:
     return InputSpec(shape, dtype, low, high)
 
 
-def example_inputs(specs: list[InputSpec]) -> tuple[torch.Tensor, ...]:
-    """One tensor per spec, each at most MAX_INPUT_BYTES."""
+def example_inputs(specs: list) -> tuple[torch.Tensor, ...]:
+    """One tensor per spec (an InputSpec, or a shape: float32), each at most MAX_INPUT_BYTES."""
+    specs = [s if isinstance(s, InputSpec) else InputSpec(tuple(s)) for s in specs]
     for spec in specs:
         size = math.prod(spec.shape) * spec.dtype.itemsize
         if size > MAX_INPUT_BYTES:
