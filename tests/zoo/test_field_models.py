@@ -4,6 +4,7 @@ wheel, built with seeded random weights, compiled and delegated like the zoo's."
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 
 import pytest
@@ -173,3 +174,39 @@ def test_a_user_file_importing_torchvision_and_timm_loads(tmp_path):
                     "    return torchvision.models.mobilenet_v3_small(weights=None), (torch.randn(1, 3, 224, 224),)\n")
     name, model, (x,) = load_model(f"{path}:build")
     assert model(x).shape == (1, 1000)
+
+
+TRANSFORMERS_FILE = """import torch
+import transformers
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=16)
+        self.bert = transformers.BertModel(config)
+
+    def forward(self, ids):
+        return self.bert(input_ids=ids).last_hidden_state
+
+
+def build():
+    return Encoder(), (torch.randint(0, 100, (1, 8)),)
+"""
+
+
+def test_a_user_file_importing_transformers_compiles(tmp_path, monkeypatch, capsys):
+    """-m file.py:build with a file that imports transformers and builds a BERT from its config: tosakit compile
+    delegates it whole to ethos-u85-256 (the int64 ids cast for the delegate on the CPU)."""
+    from tosakit.cli import main
+
+    (tmp_path / "my_bert.py").write_text(TRANSFORMERS_FILE)
+    monkeypatch.chdir(tmp_path)
+    code = main(["compile", "-q", "-m", "my_bert.py:build", "-t", "ethos-u85-256", "--delegate", "--quantize",
+                 "-o", "bert.pte"])
+    out = capsys.readouterr().out
+    assert code == 0 and (tmp_path / "bert.pte").is_file(), out
+    delegated, total = map(int, re.search(r"ops: (\d+) of (\d+) compute ops delegated", out).groups())
+    assert delegated == total > 0, out
+
