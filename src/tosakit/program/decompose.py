@@ -110,8 +110,32 @@ def _refuse(node: Node, reason: str):
         "can take it, or rewrite that line with operators the CPU runtime has")
 
 
+# Kernels whose tensors must share one dim order (ExecuTorch's group norm: its 2-D mean and rstd are contiguous).
+ONE_DIM_ORDER = {torch.ops.aten.native_group_norm.default}
+
+
+def _contiguous_inputs(gm: GraphModule) -> None:
+    """A channels-last input of a ``ONE_DIM_ORDER`` kernel is copied to contiguous first (its outputs are then
+    contiguous too)."""
+    for node in [n for n in gm.graph.nodes if n.target in ONE_DIM_ORDER]:
+        x = node.args[0]
+        val = x.meta.get("val") if isinstance(x, Node) else None
+        if not isinstance(val, torch.Tensor) or val.is_contiguous():
+            continue
+        with gm.graph.inserting_before(node):
+            copy = gm.graph.call_function(torch.ops.aten.clone.default, (x,),
+                                          {"memory_format": torch.contiguous_format})
+        copy.meta = {**x.meta, "val": val.contiguous()}
+        node.replace_input_with(x, copy)
+        node.meta["val"] = tuple(v.contiguous() for v in node.meta["val"])  # what the kernel writes, contiguous
+        for item in node.users:
+            item.meta["val"] = node.meta["val"][item.args[1]]
+    gm.recompile()
+
+
 def decompose_for_runtime(gm: GraphModule, placements: list[NodePlacement] | None = None) -> GraphModule:
     """Decompose every CPU op that has no ExecuTorch kernel; refuse one that neither has nor decomposes."""
+    _contiguous_inputs(gm)
     pending = [(n, 0, n.name) for n in gm.graph.nodes if n.op == "call_function"
                and n.target not in (operator.getitem, executorch_call_delegate) and not has_kernel(n.target)]
     pieces: dict[str, list[str]] = {}
