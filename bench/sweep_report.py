@@ -161,7 +161,8 @@ def _plot(by_target: dict[str, list[Pair]], path: Path, stamp: str) -> None:
     order = sorted(range(len(by_target[targets[0]])), key=lambda i: (by_target[targets[0]][i].family,
                                                                       by_target[targets[0]][i].spec))
     families = sorted({p.family for p in by_target[targets[0]]})
-    colours = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
+    palette = [plt.get_cmap(m)(k) for m in ("tab20", "tab20b", "tab20c") for k in range(20)]  # 60 distinct
+    colours = {f: palette[i % len(palette)] for i, f in enumerate(families)}
     fig, axes = plt.subplots(len(targets), 1, figsize=(max(12, 0.16 * len(order)), 4.2 * len(targets)), sharex=True)
     for ax, target in zip(axes, targets):
         pairs = [by_target[target][i] for i in order]
@@ -177,11 +178,12 @@ def _plot(by_target: dict[str, list[Pair]], path: Path, stamp: str) -> None:
     axes[-1].set_xticks(range(len(order)), [re.sub(r"^[a-z]+:", "", by_target[targets[0]][i].spec)
                                             for i in order], rotation=90, fontsize=6)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[f]) for f in families]
-    axes[0].legend(handles, families, fontsize=7, ncol=4)
+    axes[0].legend(handles, families, fontsize=7, ncol=1 + len(families) // 24, loc="upper left",
+                   bbox_to_anchor=(1.005, 1.0))  # beside the bars, never over them
     axes[0].set_title(f"Field sweep ({stamp}): lower is better; dashed: the goal; hatched: CPU ops on a side; "
                       "x: a side failed", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
