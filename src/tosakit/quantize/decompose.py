@@ -92,7 +92,11 @@ def _decompose_softmax(f: Builder, node: Node) -> Node | None:
 def _masked_softmax(f: Builder, filled: Node, dim: int) -> Node:
     """softmax(scores.masked_fill(mask, -inf)) as the scores' exp with the masked ones set to 0, over their sum:
     no -inf to quantize (its range would be infinite)."""
-    scores, mask = filled.args[:2]
+    return _masked_weights(f, *filled.args[:2], dim)
+
+
+def _masked_weights(f: Builder, scores: Node, mask: Node, dim: int) -> Node:
+    """softmax of ``scores`` along ``dim`` where ``mask`` leaves a score out: its exp is 0 before the sum."""
     _, e, _ = _softmax_parts(f, scores, dim)
     e = _zero_where(f, mask, e)
     return f(aten.mul.Tensor, e, f(aten.reciprocal.default, f(aten.sum.dim_IntList, e, [dim], True)))
@@ -187,10 +191,7 @@ def _decompose_sdpa(f: Builder, node: Node) -> Node | None:
     scores = f(aten.mul.Tensor, f(aten.matmul.default, q, f(aten.transpose.int, k, -2, -1)), float(scale))
     if masked is None:
         return f(aten.matmul.default, _softmax(f, scores, -1), v)
-    _, e, _ = _softmax_parts(f, scores, -1)
-    e = _zero_where(f, masked, e)
-    weights = f(aten.mul.Tensor, e, f(aten.reciprocal.default, f(aten.sum.dim_IntList, e, [-1], True)))
-    return f(aten.matmul.default, weights, v)
+    return f(aten.matmul.default, _masked_weights(f, scores, masked, -1), v)
 
 
 def _decompose_glu(f: Builder, node: Node) -> Node:
