@@ -210,3 +210,12 @@ def test_a_user_file_importing_transformers_compiles(tmp_path, monkeypatch, caps
     delegated, total = map(int, re.search(r"ops: (\d+) of (\d+) compute ops delegated", out).groups())
     assert delegated == total > 0, out
 
+
+def test_video_and_optical_flow_models_take_their_own_inputs():
+    """A video classifier takes a clip (16 frames at its weights' crop), RAFT two frames: they failed to export with
+    an image as their input and the hint to make forward() traceable."""
+    assert [tuple(x.shape) for x in load_model("torchvision:r3d_18")[2]] == [(1, 3, 16, 112, 112)]
+    name, model, inputs = load_model("torchvision:raft_small")
+    assert [tuple(x.shape) for x in inputs] == [(1, 3, 224, 224)] * 2
+    export(model, inputs)
+

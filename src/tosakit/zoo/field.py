@@ -58,6 +58,9 @@ def import_field(package: str) -> types.ModuleType:
         raise _missing(package) from None
 
 
+VIDEO_FRAMES = 16  # torchvision's video classifiers' clip length (each takes at most 16 as its minimum)
+
+
 def _image(size: int = 224, batch: int = 1) -> tuple[torch.Tensor]:
     return (torch.randn(batch, 3, size, size),)
 
@@ -70,6 +73,11 @@ def _torchvision(name: str) -> tuple[torch.nn.Module, tuple]:
     kwargs = {"aux_logits": False, "init_weights": True} if name in ("inception_v3", "googlenet") else {}
     segmentation = name in models.list_models(models.segmentation)
     detection = name in models.list_models(models.detection)
+    if name in models.list_models(models.video):  # a clip: 16 frames at its weights' crop
+        crop = models.get_model_weights(name).DEFAULT.transforms().crop_size
+        return models.get_model(name, weights=None), (torch.randn(1, 3, VIDEO_FRAMES, *crop),)
+    if name in models.list_models(models.optical_flow):  # the flow between two frames
+        return models.get_model(name, weights=None), _image() + _image()
     if segmentation:
         kwargs = {"weights_backbone": None, "aux_loss": False}
     if detection:
