@@ -133,6 +133,17 @@ def test_addmm_with_constant_weight_is_a_linear_layer_u55_u85(target):
     assert all(c.passed for c in check_delegates(compiled.edge, inputs))
 
 
+def test_an_op_the_quantizer_leaves_float_says_so_u85():
+    """A quantized model's op that no quantization rule takes (a 3-D convolution) stays on the CPU saying so, not
+    telling the user to quantize the model they quantized."""
+    model = nn.Sequential(nn.Conv3d(2, 4, 1), nn.Flatten(), nn.Linear(4 * 2 * 3 * 3, 8)).eval()
+    compiled = compile(model, _inputs(1, 2, 2, 3, 3), "ethos-u85-256", quantize=True)
+    placed = {p.node: p for p in compiled.edge.placements}
+    assert placed["convolution"].placement == "cpu", placed["convolution"]
+    assert "the quantizer has no rule for it" in placed["convolution"].reason
+    assert "quantize the model" not in placed["convolution"].reason and compiled.edge.delegates
+
+
 def test_set_io_config_applies_to_model_inputs_and_outputs():
     spec = EthosUCompileSpec("ethos-u55-128")
     io = get_symmetric_quantization_config(act_qmin=-127, act_qmax=127)

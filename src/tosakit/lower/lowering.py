@@ -104,10 +104,20 @@ def _profile_reason(node: Node, spec: TosaSpecification, s: OpSupport) -> str | 
         return f"{node.target} has no integer (INT) lowering yet"
     if not integer:
         if not spec.support_float():
+            if _quantized_graph(node.graph):
+                return (f"{node.target} computes in float: the quantizer has no rule for it and left it unquantized, "
+                        f"and {spec} runs integers only")
             return f"{node.target} computes in float and {spec} runs integers only: quantize the model"
         if not s.fp:
             return f"{node.target} has no float (FP) lowering"
     return None
+
+
+def _quantized_graph(graph: torch.fx.Graph) -> bool:
+    """Whether the graph holds a quantize op (its model was quantized), asked once per graph."""
+    if not hasattr(graph, "_tosakit_quantized"):
+        graph._tosakit_quantized = any(is_quantize(n) for n in graph.nodes)
+    return graph._tosakit_quantized
 
 
 def _int64_reason(node: Node) -> str | None:
