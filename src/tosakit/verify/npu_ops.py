@@ -30,6 +30,13 @@ if TYPE_CHECKING:  # Vela's compiler is imported only when an operation map is m
     from .operation_map import OperationMap
 
 COMPUTE = ("NPU_OP_CONV", "NPU_OP_DEPTHWISE", "NPU_OP_POOL", "NPU_OP_ELEMENTWISE")
+VELA_STEPS = {"_reducesum": "a reduction's sums of stored values, whose offset the next operation takes off",
+              "/Transpose": "an operand transposed for the operation that reads it",
+              "_transpose": "an operand transposed for the operation that reads it",
+              "/AndNot": "a step of a SELECT made of bitwise operations",
+              "/And": "a step of a SELECT made of bitwise operations"}  # suffixes Vela gives the tensors of its own steps, and what they hold
+SUMS_NOTE = ("chained: its 32-bit sums go straight into the next operation, which takes Vela's offset off them "
+             "(no TOSA tensor holds them; compared where the chain ends)")
 
 
 @dataclass(frozen=True)
@@ -125,17 +132,16 @@ def compare_operations(delegate: str, tosa: bytes, payload: EthosUPayload, mappi
     operation of ``mapping`` with the reference model's value of the tensor it writes."""
     if mapping.why is not None:
         return [NpuOpReport(delegate, 0, "-", "-", "-", 0, 0, 0, f"no exact map of operations: {mapping.why}")]
-    shapes = [t.shape for t in check_tosa(tosa, delegate, 1 << 31).inputs]
+    graph_inputs = check_tosa(tosa, delegate, 1 << 31).inputs
+    arrays = [x.reshape(t.shape) for x, t in zip(inputs, graph_inputs)]
     exposed, order = with_outputs(tosa, _tensor_names(tosa))
-    tensors = dict(zip(order, run_tosa(exposed, [x.reshape(s) for x, s in zip(inputs, shapes)])))
+    tensors = {t.name: x for t, x in zip(graph_inputs, arrays)} | dict(zip(order, run_tosa(exposed, arrays)))
     written: dict[int, np.ndarray] = {}  # command offset -> the OFM it wrote
 
     def observe(npu, command) -> None:
         if command.register.name in COMPUTE:
-            try:
-                written[command.offset] = FeatureMap.of(npu.regs, "OFM").read(npu.memory, *npu.ofm_shape())
-            except TosakitError:  # OFM registers that name no memory (a U85 operation chained into the next)
-                pass
+            chained_sums = npu.ofm_chained() and FeatureMap.of(npu.regs, "OFM").bits == 32
+            written[command.offset] = SUMS_NOTE if chained_sums else npu.stored_ofm()
 
     stopped = None
     try:
@@ -148,12 +154,12 @@ def compare_operations(delegate: str, tosa: bytes, payload: EthosUPayload, mappi
         note, got, want = "", None, None
         if stopped is not None and not ran:
             note = f"not run: the simulation stopped ({stopped})"
-        elif op.chained:
-            note = "chained: its result goes straight into the next operation (compared there), not to memory"
         elif op.ofm not in tensors:
-            note = "its tensor is not one the TOSA computes"
+            note = _vela_own(op.ofm)
         elif len(ran) != 1:
             note = f"Vela runs it as {len(ran)} NPU operations"
+        elif isinstance(written[ran[0]], str):
+            note = written[ran[0]]
         else:
             got, want, note = written[ran[0]], *_box(tensors[op.ofm], op)
             if want is not None and got.shape != want.shape:
@@ -207,6 +213,12 @@ def _box(full: np.ndarray, op) -> tuple[np.ndarray | None, str]:
         return None, f"Vela's box {list(start)}-{list(stop)} spans more than its last three axes"
     index = tuple(start[:-3]) + tuple(slice(a, b) for a, b in zip(start[-3:], stop[-3:]))
     return full.reshape(shape)[index], ""
+
+
+def _vela_own(tensor: str) -> str:
+    """Why an operation writing ``tensor``, which the TOSA does not compute, is not compared."""
+    what = next((v for k, v in VELA_STEPS.items() if tensor.endswith(k)), "")
+    return f"it writes a tensor of Vela's own{f' ({what})' if what else ''}, which no TOSA tensor holds"
 
 
 def summary(reports: list[NpuOpReport], shown: int = 4) -> list[str]:

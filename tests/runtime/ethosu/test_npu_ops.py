@@ -21,7 +21,7 @@ from tosakit.runtime.ethosu.memory import NpuAccessError
 from tosakit.runtime.tosa_inprocess import run_tosa
 from tosakit.runtime.tosa_validate import check_tosa
 from tosakit.specs import EthosUCompileSpec
-from tosakit.verify.npu_ops import compare_operations, with_outputs
+from tosakit.verify.npu_ops import SUMS_NOTE, compare_operations, with_outputs
 from tosakit.verify.operation_map import operation_map
 from tosakit.zoo import MODELS
 
@@ -86,12 +86,15 @@ class EncoderBlock(torch.nn.Module):
         return self.layer(x)
 
 
+UNCOMPARED_U85 = (SUMS_NOTE, "it writes a tensor of Vela's own (")
+
+
 @pytest.mark.parametrize("name", ["digits", "audio1d", "encoder"])
 def test_every_operation_bit_exact_u85(name):
-    """Ethos-U85 streams map exactly too: an operation with others chained after it (its result never written,
-    compared where the chain ends), a gather the DMA runs (no operation of its own); every operation compared
-    equals its TOSA tensor, the rest say why, and most are compared (they had no exact map: 'Vela's database
-    lists 122 operations, its listing 110')."""
+    """Ethos-U85 streams map exactly too: an operation chained into the next (its result compared in the chain
+    buffer with the TOSA tensor it computes), an OFM written transposed, a gather the DMA runs (no operation of its
+    own); every operation compared equals its TOSA tensor, at least 90% are compared, the rest say why (they had
+    no exact map, then chained and transposed ones were not compared: 77 of 92 on the encoder)."""
     torch.manual_seed(0)
     model, inputs = (EncoderBlock(), (torch.randn(1, 16, 32),)) if name == "encoder" else MODELS[name].factory()
     spec = EthosUCompileSpec("ethos-u85-256")
@@ -100,10 +103,11 @@ def test_every_operation_bit_exact_u85(name):
     compared = total = 0
     for module in modules:
         reports, mapping = _reports(module, list(spec.compiler_flags))
-        assert not [str(r) for r in reports if r.differ] and all(r.note for r in reports if not r.values)
+        assert not [str(r) for r in reports if r.differ]
+        assert all(r.note.startswith(UNCOMPARED_U85) for r in reports if not r.values), reports
         compared += sum(1 for r in reports if r.values)
         total += len(reports)
-    assert total and compared >= 0.6 * total, (compared, total)
+    assert total and compared >= 0.9 * total, (compared, total)
 
 
 def test_a_wrong_operation_is_named_first(monkeypatch):

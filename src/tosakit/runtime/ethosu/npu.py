@@ -120,12 +120,27 @@ class Npu:
         shape = (self.value("OFM_HEIGHT_M1", "height_m1") + 1, self.value("OFM_WIDTH_M1", "width_m1") + 1,
                  self.value("OFM_DEPTH_M1", "depth_m1") + 1)
         ofm = FeatureMap.of(self.regs, "OFM")
-        if not (self.u85 and self.name("OFM_PRECISION", "activation_storage").endswith("CHAINED")):
+        if not self.ofm_chained():
             self.memory.check_extent(ofm.region, shape, ofm.elem, "writes")
         elif shape[0] * shape[1] * shape[2] * ofm.elem > max(r.capacity for r in self.memory.regions.values()):
             raise TosakitError(f"{self.memory.where} chains a {'x'.join(map(str, shape))} OFM, larger than any memory "
                                "region", CORRUPT_STREAM_HINT)
         return shape
+
+    def ofm_chained(self) -> bool:
+        """Whether the operation keeps its OFM in a chain buffer for the next one (Ethos-U85), not in memory."""
+        return self.u85 and self.name("OFM_PRECISION", "activation_storage").endswith("CHAINED")
+
+    def stored_ofm(self) -> np.ndarray:
+        """The OFM the last operation stored, as it stored it: in memory (on U85 in its transposed axis order), or
+        the chain buffer it left for the next operation."""
+        ofm, shape = FeatureMap.of(self.regs, "OFM"), self.ofm_shape()
+        if not self.u85:
+            return ofm.read(self.memory, *shape)
+        if self.ofm_chained():
+            return self.chains[ofm.region]
+        order = TRANSPOSES[self.name("OFM_PRECISION", "activation_transpose").rsplit("_", 1)[1]]
+        return ofm.read(self.memory, *(shape[a] for a in order))
 
     def kernel(self) -> "Kernel":
         stride = lambda axis: ((self.value("KERNEL_STRIDE", f"stride_{axis}_msb") << 1)  # noqa: E731
@@ -326,7 +341,7 @@ u85_runs("NPU_SET_OFM_PRECISION", "activation_storage", {"ACTIVATION_STORAGE_TIL
 def write_ofm(npu: Npu, ofm: FeatureMap, values: np.ndarray) -> None:
     """Store the computed OFM: on U85 reversed or transposed as OFM_PRECISION says (its tile registers describe the
     stored shape), or kept in a chain buffer."""
-    if npu.u85 and npu.name("OFM_PRECISION", "activation_storage").endswith("CHAINED"):
+    if npu.ofm_chained():
         npu.chains[ofm.region] = values  # chaining and transposing never meet (regor asserts it)
         return
     if npu.u85:
