@@ -133,6 +133,30 @@ def test_addmm_with_constant_weight_is_a_linear_layer_u55_u85(target):
     assert all(c.passed for c in check_delegates(compiled.edge, inputs))
 
 
+class StandardizedConv(nn.Conv2d):
+    """timm's ScaledStdConv2d (NF-Nets): the weight standardized in forward() by a batch norm in training mode."""
+
+    def forward(self, x):
+        w = nn.functional.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
+                                     weight=torch.full((self.out_channels,), 0.5), training=True, momentum=0.0,
+                                     eps=1e-6).reshape_as(self.weight)
+        return nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_weights_computed_from_constants_are_folded_u55_u85(target):
+    """A weight forward() computes from parameters alone (a standardized convolution's batch norm over its weight,
+    an op of several outputs, of a whole weight tensor) is computed at compile time: the convolution runs on the
+    NPU (it stayed on the CPU with its batch norm: timm:nf_regnet_b0 had 12 such convolutions there)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(StandardizedConv(16, 96, 3, padding=1), nn.ReLU(), StandardizedConv(96, 128, 3)).eval()
+    inputs = _inputs(1, 16, 8, 8)
+    compiled = compile(model, inputs, target, quantize=True)
+    placed = [p for p in compiled.edge.placements if "quantize" not in p.target]
+    assert placed and all(p.placement == "delegate" for p in placed), [(p.node, p.reason) for p in placed]
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
 def test_an_op_the_quantizer_leaves_float_says_so_u85():
     """A quantized model's op that no quantization rule takes (a 3-D convolution) stays on the CPU saying so, not
     telling the user to quantize the model they quantized."""

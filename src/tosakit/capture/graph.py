@@ -42,7 +42,8 @@ def with_state(graph: torch.fx.Graph, inputs) -> tuple:
                  for n in graph.nodes if n.op == "placeholder")
 
 
-# A folded constant holds at most this many elements (index arithmetic and rotary tables, not a blown-up expand).
+# A folded constant holds at most this many elements, or as many as its largest input (a weight computed from a
+# weight): index arithmetic, rotary tables and weight transforms fold, a blown-up expand does not.
 FOLD_LIMIT = 1 << 16
 
 
@@ -94,11 +95,14 @@ def own_state(gm: GraphModule) -> GraphModule:
 
 def _foldable(node: torch.fx.Node, state: set[str]) -> bool:
     val = node.meta.get("val")
-    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    if not (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
             and node.target.namespace == "aten" and not node.target._schema.is_mutable
             and not node.target.__name__.startswith(("rand", "normal", "bernoulli", "empty"))
-            and isinstance(val, torch.Tensor) and val.numel() <= FOLD_LIMIT
-            and all(n.op == "get_attr" and n.target not in state for n in node.all_input_nodes))
+            and isinstance(val, torch.Tensor)
+            and all(n.op == "get_attr" and n.target not in state for n in node.all_input_nodes)):
+        return False
+    sizes = [n.meta["val"].numel() for n in node.all_input_nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    return val.numel() <= max([FOLD_LIMIT, *sizes])
 
 
 def fold_constants(gm: GraphModule) -> GraphModule:
