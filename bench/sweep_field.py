@@ -214,7 +214,8 @@ def _executorch_side(spec: str, model: Path, inputs: Path) -> dict:
         return {t: {"error": f"timed out after {MODEL_TIMEOUT} s"} for t, _ in TARGETS}
     except subprocess.CalledProcessError as exc:
         tail = exc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return {t: {"error": f"process failed: {tail[0][:300]}"} for t, _ in TARGETS}
+        how = f"killed by signal {-exc.returncode}" if exc.returncode < 0 else f"exit {exc.returncode}"
+        return {t: {"error": f"process failed ({how}): {tail[0][:300]}"} for t, _ in TARGETS}
     for theirs in json.loads((work / "results.json").read_text()):
         target, memory_mode = theirs["target"], dict(TARGETS)[theirs["target"]]
         if "error" in theirs:

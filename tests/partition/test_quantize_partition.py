@@ -157,6 +157,28 @@ def test_weights_computed_from_constants_are_folded_u55_u85(target):
     assert all(c.passed for c in check_delegates(compiled.edge, inputs))
 
 
+class SamePaddedMaxPool(nn.Module):
+    """timm's MaxPool2dSame: the input padded with -inf on the far sides, then a max pool without padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        return nn.functional.max_pool2d(nn.functional.pad(self.conv(x), (0, 1, 0, 1), value=-float("inf")), 3, 2)
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_padding_with_minus_infinity_quantizes_u55_u85(target):
+    """A -inf padding calibrates on its finite values and pads with the range's lowest integer: the pool runs on
+    the NPU (timm:vit_tiny_r_s16_p8_224 failed to compile: 'cannot convert float NaN to integer')."""
+    inputs = _inputs(1, 3, 16, 16)
+    compiled = compile(SamePaddedMaxPool().eval(), inputs, target, quantize=True)
+    placed = [p for p in compiled.edge.placements if "quantize" not in p.target]
+    assert placed and all(p.placement == "delegate" for p in placed), [(p.node, p.reason) for p in placed]
+    assert all(c.passed for c in check_delegates(compiled.edge, inputs))
+
+
 def test_an_op_the_quantizer_leaves_float_says_so_u85():
     """A quantized model's op that no quantization rule takes (a 3-D convolution) stays on the CPU saying so, not
     telling the user to quantize the model they quantized."""

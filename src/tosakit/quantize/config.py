@@ -90,10 +90,31 @@ class PercentileObserver(MinMaxObserver):
         return x_orig
 
 
+class _FiniteRange:
+    """An observer whose range leaves out infinities (the -inf a "same" max pool pads with): they quantize to
+    the range's ends, as the integer graph computes them."""
+
+    def forward(self, x_orig):
+        finite = torch.isfinite(x_orig)
+        if x_orig.is_floating_point() and not bool(finite.all()):
+            if bool(finite.any()):
+                super().forward(x_orig.detach()[finite])
+            return x_orig
+        return super().forward(x_orig)
+
+
+class FiniteMinMaxObserver(_FiniteRange, MinMaxObserver):
+    """Min/max of the finite values seen."""
+
+
+class FiniteHistogramObserver(_FiniteRange, HistogramObserver):
+    """The histogram search over the finite values seen."""
+
+
 # How activation ranges are calibrated: min/max, an MSE-optimal histogram search, or percentiles.
 OBSERVERS = {
-    "minmax": MinMaxObserver,
-    "histogram": HistogramObserver,
+    "minmax": FiniteMinMaxObserver,
+    "histogram": FiniteHistogramObserver,
     "percentile": PercentileObserver,
 }
 

@@ -138,8 +138,9 @@ def pad(ctx: Lowering, v: Value, pads: dict[int, tuple[int, int]], value: float,
     padding = [p for axis in range(v.rank) for p in pads.get(axis, (0, 0))]
     if not any(padding):
         return v
-    if v.q is not None:
-        value = min(max(round(value / v.q.s) + v.q.zp, v.q.qmin), v.q.qmax)
+    if v.q is not None:  # an infinite value (a "same" max pool's -inf) is the range's end
+        value = (v.q.qmin if value < 0 else v.q.qmax) if not math.isfinite(value) else \
+            min(max(round(value / v.q.s) + v.q.zp, v.q.qmin), v.q.qmax)
     fill = ctx.g.const(np.array([value]), v.dtype)
     shape = [s + padding[2 * i] + padding[2 * i + 1] for i, s in enumerate(v.shape)]
     return ctx.emit(Op.PAD, [v, ctx.g.shape_const(padding), fill], shape, v.dtype, like=v, q=v.q,
