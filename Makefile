@@ -3,8 +3,9 @@
 # make test-any-machine: the numerical tests (marker numerics) once per setting in ANY_MACHINE,
 #   each a way another machine sums floats (thread count, ATen's ISA); fails naming the settings that failed.
 # make fuzz: the full mutation sweeps (FUZZ_CASES damaged .pte files, then as many damaged Ethos-U payloads
-#   through the simulator), then coverage-guided fuzzing for FUZZ_SECONDS (default 600) in all: half on
-#   .pte files, half on Ethos-U payloads through the simulator.
+#   through the simulator, then VGF_FUZZ_CASES damaged VGF payloads through the VGF engine), then
+#   coverage-guided fuzzing for FUZZ_SECONDS (default 600) in all: half on .pte files, half on Ethos-U payloads
+#   through the simulator.
 PYTHON ?= python3
 VENV := .venv
 ORACLE := .venv-oracle
@@ -13,14 +14,27 @@ STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test test-any-machine setup oracle bench fuzz clean
+.PHONY: demo test test-any-machine setup oracle bench fuzz clean vulkan
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[test,models,cluster]'
+	@$(MAKE) --no-print-directory vulkan
 	@touch $@
+
+# The VGF engine's two Debian packages (the Vulkan loader, Mesa's software driver): installed when root (CI is),
+# else one line says the command. `tosakit doctor` says which engines this machine has.
+VULKAN_PACKAGES := libvulkan1 mesa-vulkan-drivers
+
+vulkan:
+	@if ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && ldconfig -p | grep -q libvulkan.so.1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -qq --no-install-recommends $(VULKAN_PACKAGES) >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends $(VULKAN_PACKAGES) >/dev/null; } || \
+		echo "could not install $(VULKAN_PACKAGES): the VGF engine stays off (tosakit doctor)"; \
+	else echo "the VGF engine (tosakit run --engine vgf) needs: sudo apt-get install $(VULKAN_PACKAGES)"; fi
 
 oracle: $(ORACLE_STAMP)
 
@@ -51,11 +65,13 @@ test-any-machine: $(STAMP) $(ORACLE_STAMP)
 
 FUZZ_SECONDS ?= 600
 FUZZ_CASES ?= 8000
+VGF_FUZZ_CASES ?= 2000
 
 fuzz: $(STAMP)
 	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[fuzz]'
 	$(VENV)/bin/python fuzz/sweep.py --cases $(FUZZ_CASES)
 	$(VENV)/bin/python fuzz/npu_sweep.py --cases $(FUZZ_CASES)
+	$(VENV)/bin/python fuzz/vgf_sweep.py --cases $(VGF_FUZZ_CASES)
 	@mkdir -p fuzz/corpus/live fuzz/corpus/npu-live fuzz/findings
 	$(VENV)/bin/python fuzz/target.py -max_total_time=$$(($(FUZZ_SECONDS) / 2)) -timeout=60 -rss_limit_mb=3072 \
 		-artifact_prefix=fuzz/findings/ fuzz/corpus/live fuzz/corpus/seeds

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from host_runtime import host_runtime
 from side_env import side_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,69 +26,6 @@ FIELD = ("ds_cnn", "resnet8", "mobilenet_v1_025", "deep_autoencoder", "wav2lette
          "timm:deit_tiny_patch16_224")
 MODEL_SETS = {"zoo": ZOO, "field": FIELD}
 TARGETS = (("ethos-u55-128", "Shared_Sram"), ("ethos-u85-256", None))
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    def timed() -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    return statistics.median([timed() for _ in range(repeats)])
-
-
-def host_runtime(args) -> None:
-    """mv2 for ethos-u55-128 and ethos-u85-256: its Ethos-U delegate's command stream on tosakit's simulator
-    beside tosa_reference_model on the TOSA it was compiled from (the same int8 input), and `tosakit run` of the
-    whole .pte on each engine; the simulator's outputs are checked bit-exact against the reference model's first."""
-    for target in ("ethos-u55-128", "ethos-u85-256"):
-        _host_runtime(target, args.repeats)
-
-
-def _host_runtime(target: str, repeats: int) -> None:
-    import numpy as np
-
-    from tosakit.backends.ethosu.payload import parse_payload
-    from tosakit.flow import compile
-    from tosakit.program import LoweredBackendModule
-    from tosakit.quantize.qdq import is_quantize, qparams_of
-    from tosakit.runtime import LoadedProgram, run_tosa
-    from tosakit.runtime.ethosu import weights
-    from tosakit.runtime.ethosu.simulate import simulate
-    from tosakit.specs import EthosUCompileSpec
-    from tosakit.zoo.mobilenet_v2 import build
-
-    model, inputs = build()
-    compiled = compile(model, inputs, EthosUCompileSpec(target).with_debug_info(), quantize=True)
-    gm = compiled.edge.program.graph_module
-    [delegate] = [m for m in gm.children() if isinstance(m, LoweredBackendModule)]
-    payload = parse_payload(delegate.processed_bytes)
-    int8 = qparams_of(next(n for n in gm.graph.nodes if is_quantize(n))).quantize(inputs[0]).numpy()
-    flat = [int8.reshape(payload.inputs[0].shape)]  # the TOSA's input bytes, as the I/O table lists them
-
-    def cold():
-        weights.clear_caches()  # nothing decoded yet: a program's first run
-        return simulate(payload, flat)
-
-    reference = run_tosa(delegate.tosa, [int8])
-    simulated = cold().outputs
-    same = all(np.array_equal(s.reshape(-1), r.reshape(-1)) for s, r in zip(simulated, reference))
-    print(f"{target}: simulated outputs equal the reference model's bit for bit: {same}")
-    first = _median_seconds(cold, repeats)
-    again = _median_seconds(lambda: simulate(payload, flat), repeats)
-    alone = _median_seconds(lambda: run_tosa(delegate.tosa, [int8]), repeats)
-    programs = {engine: LoadedProgram(compiled.program.buffer, "mv2.pte", engine=engine) for engine in ("npu", "tosa")}
-    for program in programs.values():
-        program.run(list(inputs))  # warm up (the isolated child starts once)
-    whole = {engine: _median_seconds(lambda p=p: p.run(list(inputs)), repeats) for engine, p in programs.items()}
-    print(f"mv2, {target} ({len(payload.cmd_data) // 4} command words, {len(payload.weight_data)} weight bytes), "
-          f"median of {repeats}")
-    rows = [("simulator, first run (decodes weights)", first), ("simulator, run again", again),
-            ("tosa_reference_model on the TOSA", alone),
-            ("tosakit run .pte --engine npu", whole["npu"]), ("tosakit run .pte --engine tosa", whole["tosa"])]
-    for label, seconds in rows:
-        print(f"  {label:<42}{seconds:>8.3f} s{seconds / alone:>8.2f}x the reference model")
-    print(f"goal: simulator no slower than the reference model: {'met' if max(first, again) <= alone else 'NOT met'} "
-          f"(run again {again / alone:.2f}x, first run {first / alone:.2f}x)")
 
 
 def accuracy(args) -> None:

@@ -10,8 +10,8 @@ import sys
 import threading
 import traceback
 
-from .cli_commands import (cmd_accuracy, cmd_compile, cmd_demo, cmd_generate, cmd_inspect, cmd_models, cmd_run,
-                           cmd_sweep)
+from .cli_commands import (cmd_accuracy, cmd_compile, cmd_demo, cmd_doctor, cmd_generate, cmd_inspect, cmd_models,
+                           cmd_run, cmd_sweep)
 from .errors import TosakitError, first_line
 from .targets import ALL_TARGETS
 
@@ -118,15 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_compile)
     r = sub.add_parser("run", help="run a .pte on the host (CPU ops in PyTorch, Ethos-U delegates on the "
-                                   "command-stream simulator, other delegates on the TOSA reference model)")
+                                   "command-stream simulator, VGF delegates on Arm's ML SDK, TOSA delegates on the "
+                                   "TOSA reference model)")
     r.add_argument("pte")
-    r.add_argument("--engine", choices=("npu", "tosa"),  # runtime.validate.ENGINES (not imported: slow)
-                   help="how Ethos-U delegates run: npu, their command stream on the simulator (Ethos-U55, U65, "
-                        "U85), or tosa, the TOSA they carry (--debug-info) on the reference model (default: npu "
-                        "when the stream is one the simulator runs, else tosa)")
+    r.add_argument("--engine", choices=("npu", "tosa", "vgf"),  # runtime.validate.ENGINES (not imported: slow)
+                   help="how delegates run: npu, Ethos-U command streams on the simulator (Ethos-U55, U65, U85); "
+                        "vgf, VGF payloads on Arm's ML SDK (emulation layer over Mesa's software Vulkan); tosa, the "
+                        "TOSA they carry (--debug-info) on the reference model (default: npu for the streams the "
+                        "simulator runs, vgf when this machine has the stack (`tosakit doctor`), else tosa)")
     r.add_argument("--verify", action="store_true",
-                   help="also run each simulated Ethos-U delegate's carried TOSA on the same inputs and compare, per "
-                        "delegate output (exit 1 if they differ)")
+                   help="also run each delegate the npu or vgf engine runs from its carried TOSA on the same inputs "
+                        "and compare, per delegate output (exit 1 if they differ)")
     r.add_argument("--inputs", help=".npz with arrays arg0, arg1, ... (or in file order)")
     r.add_argument("--random", action="store_true", help="seeded random inputs of the program's shapes")
     r.add_argument("--seed", type=int, default=0)
@@ -196,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_sweep)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(func=cmd_models)
+    e = sub.add_parser("doctor", help="which engines this machine has to run programs (npu, tosa, vgf), and how "
+                                      "to add a missing one")
+    e.add_argument("--quick", action="store_true", help="check the VGF stack's parts without running a graph")
+    e.set_defaults(func=cmd_doctor)
     d = sub.add_parser("demo", help="compile the tutorial's programs and a trained model; verify them on the host")
     d.add_argument("-o", "--output-dir", default="out/demo")
     d.set_defaults(func=cmd_demo)

@@ -87,9 +87,7 @@ def cmd_run(args) -> int:
         if out.dim() == 2 and out.shape[-1] > 1 and out.is_floating_point():
             desc += f"; top-5 classes {out[0].topk(min(5, out.shape[-1])).indices.tolist()}"
         print(desc)
-    simulated = len(program.layouts["forward"].delegate_npu)
-    print(f"ran {args.pte} in {seconds:.3f} s" + (f" ({simulated} Ethos-U delegate(s) on the NPU simulator)"
-                                                 if simulated else ""))
+    print(f"ran {args.pte} in {seconds:.3f} s" + _engines_line(program.layouts["forward"]))
     for c in comparisons:
         print(f"npu vs tosa: {c}")
     if operations:
@@ -255,6 +253,16 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    """Say which engines this machine has; exit 0 when every one is ready, 2 otherwise."""
+    from .doctor import engines
+
+    found = engines(live=not args.quick)
+    for status in found:
+        print(status)
+    return 0 if all(s.ready for s in found) else 2  # cli.EXIT_USER_ERROR
+
+
 def cmd_demo(args) -> int:
     """Compile the tutorial's programs and a trained model, and judge each on the host against PyTorch."""
     from .demo import run
@@ -294,3 +302,12 @@ def _named_index_error(exc: IndexRangeError, inputs: list, culprits: list[int], 
     return TosakitError(f"{', '.join(named)} holds indices outside 0..{exc.high}, which the program indexes with "
                         f"({exc.message})", f"pass values in 0..{exc.high} with --inputs FILE"
                         + (" (--random draws integers from 0..99)" if drawn else ""))
+
+
+def _engines_line(layout) -> str:
+    """Which engine ran the delegates: " (2 Ethos-U delegate(s) on the NPU simulator, ...)", or nothing."""
+    parts = [f"{len(layout.delegate_npu)} Ethos-U delegate(s) on the NPU simulator" if layout.delegate_npu else "",
+             f"{len(layout.delegate_vgf)} VGF delegate(s) on Arm's ML SDK (vgf engine)" if layout.delegate_vgf else ""]
+    tosa = len(layout.delegate_tosa.keys() - layout.delegate_npu.keys() - layout.delegate_vgf.keys())
+    parts.append(f"{tosa} delegate(s) on the TOSA reference model" if tosa else "")
+    return f" ({', '.join(p for p in parts if p)})" if any(parts) else ""

@@ -15,7 +15,8 @@ both compilers lower one quantized graph. Written into the job's folder:
   output_<tag>_*.tosa    each delegate's TOSA (the compile spec's dump_intermediate_artifacts_to)
 
 The result: {"name", "pte", "quantized", "delegates": [{"backend", "tosa", "payload_sha256"} in call order],
-"cpu_ops", "vela_flags", "seconds"}.
+"cpu_ops", "vela_flags", "seconds"}. A "vgf" target follows ExecuTorch's VGF tutorial the same way (VgfQuantizer,
+VgfPartitioner), its model converter the one the job names ("model_converter").
 """
 
 import hashlib
@@ -25,9 +26,12 @@ from pathlib import Path
 
 def export_job(job: dict) -> dict:
     """One job: the .pte, the quantized graph and each delegate's TOSA written; what was made."""
+    import os
+
     import torch
     from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
-    from executorch.backends.arm.quantizer import EthosUQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.quantizer import EthosUQuantizer, VgfQuantizer, get_symmetric_quantization_config
+    from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
     from executorch.backends.arm.tosa.backend import arm_get_first_delegation_tag
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.lowered_backend_module import LoweredBackendModule
@@ -40,12 +44,17 @@ def export_job(job: dict) -> dict:
     module = torch.export.load(job["model"]).module(check_guards=False)
     inputs = tuple(torch.load(job["inputs"]))
     start = time.perf_counter()
-    spec = EthosUCompileSpec(job["target"], memory_mode=job.get("memory_mode"))
+    if job["target"] == "vgf":  # ExecuTorch's VGF flow, with the model converter tosakit's venv has
+        os.environ["MODEL_CONVERTER_PATH"] = job["model_converter"]
+        spec, partitioner, quantizer_class = VgfCompileSpec(), VgfPartitioner, VgfQuantizer
+    else:
+        spec = EthosUCompileSpec(job["target"], memory_mode=job.get("memory_mode"))
+        partitioner, quantizer_class = EthosUPartitioner, EthosUQuantizer
     spec.dump_intermediate_artifacts_to(str(out))
     if job.get("quantized"):
         quantized = torch.export.export(module, inputs)
     else:
-        quantizer = EthosUQuantizer(spec)
+        quantizer = quantizer_class(spec)
         quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True))
         # check_guards=False as ExecuTorch's own Arm flow tests do: torch 2.13's guard-check submodule
         # (a call_module node) stops the quantizer's passes ("call_module is not supported")
@@ -53,7 +62,7 @@ def export_job(job: dict) -> dict:
         prepared(*inputs)  # calibrate on the example inputs
         quantized = torch.export.export(convert_pt2e(prepared), inputs)
     torch.export.save(quantized, out / f"{job['name']}.quantized.pt2")
-    edge = to_edge_transform_and_lower(quantized, partitioner=[EthosUPartitioner(spec)])
+    edge = to_edge_transform_and_lower(quantized, partitioner=[partitioner(spec)])
     graph = edge.exported_program().graph_module
     delegates = []
     for node in graph.graph.nodes:  # in call order: the program's delegate order
@@ -70,6 +79,6 @@ def export_job(job: dict) -> dict:
     pte = out / f"{job['name']}.pte"
     pte.write_bytes(program.buffer)
     return {"name": job["name"], "pte": str(pte), "quantized": str(out / f"{job['name']}.quantized.pt2"),
-            "delegates": delegates, "cpu_ops": cpu, "vela_flags": list(spec.compiler_flags),
+            "delegates": delegates, "cpu_ops": cpu, "vela_flags": list(getattr(spec, "compiler_flags", [])),
             "seconds": time.perf_counter() - start}
 

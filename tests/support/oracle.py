@@ -117,7 +117,7 @@ class EtOracle:
 
     def export_ethosu(self, module, inputs, folder: str | os.PathLike, name: str = "model",
                       target: str = "ethos-u55-128", memory_mode: str | None = None, quantized: bool = False) -> dict:
-        """An Ethos-U program made by ExecuTorch's own Arm backend (its tutorial flow: EthosUQuantizer, calibrate
+        """An Ethos-U (or, ``target`` "vgf", VGF) program made by ExecuTorch's own Arm backend (its tutorial flow: EthosUQuantizer, calibrate
         on ``inputs``, EthosUPartitioner, to_executorch; tests/oracle/et_export.py) from ``module`` and each
         delegate's TOSA, written into ``folder``; et_export.py's result: {"pte", "quantized" (the quantized graph
         it lowered, .pt2), "delegates": [{"backend", "tosa", "payload_sha256"}] in call order, "cpu_ops",
@@ -133,8 +133,14 @@ class EtOracle:
         torch.save(inputs, saved_inputs)
         if self._exporter is None:
             self._exporter = EtOracle(self.python)
+        converter = ""
+        if target == "vgf":
+            from tosakit.backends.vgf import model_converter
+
+            converter = str(model_converter())
         return self._exporter._call("export_ethosu", name=name, model=model, inputs=saved_inputs, target=target,
-                                    memory_mode=memory_mode, out=folder, quantized=quantized)
+                                    memory_mode=memory_mode, out=folder, quantized=quantized,
+                                    model_converter=converter)
 
     def export(self, model_source: str, out_pte: str | os.PathLike) -> Path:
         """A .pte made by ExecuTorch itself; ``model_source`` defines ``model`` and ``example_inputs``."""

@@ -106,6 +106,7 @@ class Execution:
         schemas = kernel_schemas()
         self.kernels = [Kernel(schemas[kernel_key(op.name, op.overload)]) for op in plan.operators]
         self.sandbox: IsolatedReferenceModel | None = None
+        self.engines: dict[int, str] = {}  # delegate index -> the engine that ran it
 
     def _tensor(self, t: S.Tensor) -> torch.Tensor:
         order = list(t.dim_order) or list(range(len(t.sizes)))
@@ -204,23 +205,29 @@ class Execution:
         index = call.delegate_index
         delegate = self.plan.delegates[index]
         npu, tosa = self.layout.delegate_npu.get(index), self.layout.delegate_tosa.get(index)
-        if npu is None and tosa is None:  # validation found no way to run it
+        vgf = index in self.layout.delegate_vgf
+        if npu is None and tosa is None and not vgf:  # validation found no way to run it
             raise self.loaded.no_tosa(delegate, index)
         args = [self._arg(i) for i in call.args]
-        n_in = len(npu.inputs) if npu is not None else len(tosa[1].inputs)
-        ins, outs = args[:n_in], args[n_in:]
         orders = [list(self.plan.values[i].val.dim_order) or list(range(t.dim())) for i, t in zip(call.args, args)]
         what = f"{self.loaded.name}: instruction {pc} (delegate {index}, {delegate.id})"
-        if npu is None:
+        if vgf:
+            results, outs = self._vgf(delegate, args, orders, deadline, what)
+            self.engines[index] = "vgf"
+        elif npu is None:
+            ins, outs = args[:len(tosa[1].inputs)], args[len(tosa[1].inputs):]
             results = self._tosa(tosa[0], ins, orders, deadline, what)
+            self.engines[index] = "tosa"
         else:
+            ins, outs = args[:len(npu.inputs)], args[len(npu.inputs):]
             results = self._npu(index, ins, outs, orders, deadline, what)
+            self.engines[index] = "npu"
             if self.per_operation is not None and tosa is not None:
                 self.findings += self.per_operation(self._npu_call(index, tosa[0], ins, orders, deadline))
-            if self.compare and tosa is not None:
-                reference = self._tosa(tosa[0], ins, orders, deadline, what)
-                self.comparisons += [_compared(index, delegate.id, k, got, want.reshape(got.shape))
-                                     for k, (got, want) in enumerate(zip(results, reference))]
+        if self.compare and tosa is not None and self.engines[index] != "tosa":
+            reference = self._tosa(tosa[0], args[:len(tosa[1].inputs)], orders, deadline, what)
+            self.comparisons += [_compared(index, delegate.id, k, got, want.reshape(got.shape))
+                                 for k, (got, want) in enumerate(zip(results, reference))]
         try:
             for out, res in zip(outs, results, strict=True):
                 out.copy_(res.reshape(out.shape))
@@ -271,13 +278,32 @@ class Execution:
                 results = simulate(payload, arrays, deadline=deadline).outputs
             except TosakitError as exc:  # name the program and the call, keep the kind (NpuAccessError, ...)
                 raise exc.prefixed(what) from None
-        tensors = []
-        for res, out, order in zip(results, outs, orders[len(ins):]):
-            shape, raw = tuple(out.permute(order).shape), bytearray(np.ascontiguousarray(res).tobytes())
-            stored = (torch.frombuffer(raw, dtype=out.dtype).reshape(shape) if raw
-                      else torch.empty(shape, dtype=out.dtype))  # frombuffer refuses 0 bytes
-            tensors.append(stored.permute(tuple(np.argsort(order).tolist())))
-        return tensors
+        return _unstored(results, outs, orders[len(ins):])
+
+    def _vgf(self, delegate: S.BackendDelegate, args: list, orders: list, deadline: float,
+             what: str) -> tuple[list[torch.Tensor], list]:
+        """A VGF delegate's payload on Arm's ML SDK stack (a child process kept for the program's runs), on its
+        inputs as stored; its results in torch layout, and the call's output tensors."""
+        engine = self.loaded.vgf_engine(deadline)
+        blob = self.loaded.delegate_payload(delegate)
+        n_in, _ = engine.io_counts(blob, what)
+        ins, outs = args[:n_in], args[n_in:]
+        arrays = [_stored(x, order).numpy() for x, order in zip(ins, orders)]
+        expected = [(np.dtype(str(o.dtype).removeprefix("torch.")), tuple(o.permute(order).shape))
+                    for o, order in zip(outs, orders[n_in:])]
+        results = engine.run(blob, arrays, expected, what)
+        return _unstored(results, outs, orders[n_in:]), outs
+
+
+def _unstored(results: list[np.ndarray], outs: list[torch.Tensor], orders: list) -> list[torch.Tensor]:
+    """A delegate's results, stored in its output tensors' dim orders, as torch-layout tensors."""
+    tensors = []
+    for res, out, order in zip(results, outs, orders):
+        shape, raw = tuple(out.permute(order).shape), bytearray(np.ascontiguousarray(res).tobytes())
+        stored = (torch.frombuffer(raw, dtype=out.dtype).reshape(shape) if raw
+                  else torch.empty(shape, dtype=out.dtype))  # frombuffer refuses 0 bytes
+        tensors.append(stored.permute(tuple(np.argsort(order).tolist())))
+    return tensors
 
 
 def _stored(t: torch.Tensor, order: list[int]) -> torch.Tensor:

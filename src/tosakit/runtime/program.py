@@ -39,6 +39,7 @@ class LoadedProgram:
                                                          engine)
         self._arenas: dict[str, list] = {}
         self._shared: dict = {}
+        self._vgf_engine = None
 
     # -------------------------------------------------------------- description
 
@@ -73,7 +74,13 @@ class LoadedProgram:
 
     def no_tosa(self, delegate: S.BackendDelegate, index: int) -> TosakitError:
         """Why delegate ``index`` cannot run on the host: it must run its TOSA, and the program carries none."""
-        if delegate.id != "EthosUBackend":
+        if delegate.id == "VgfBackend":
+            from .vgf.stack import missing
+
+            gaps = missing()
+            why = (", and this machine lacks the VGF engine's " + "; ".join(w for w, _ in gaps)
+                   + " (" + "; ".join(dict.fromkeys(h for _, h in gaps)) + ")" if gaps else " (engine 'tosa')")
+        elif delegate.id != "EthosUBackend":
             why = ", so it cannot run on the host"
         elif self.engine == "tosa":
             why = " for the tosa engine to run"
@@ -96,6 +103,16 @@ class LoadedProgram:
             self._arenas[method] = new_arenas(self, self.layouts[method], self._shared)
         return self._arenas[method]
 
+    def vgf_engine(self, deadline: float):
+        """The child process running this program's VGF delegates: started on first use, kept across runs (each
+        VGF file's pipeline is built once), its deadline the current run's."""
+        from .vgf import VgfEngine, find_stack
+
+        if self._vgf_engine is None or self._vgf_engine.proc.poll() is not None:
+            self._vgf_engine = VgfEngine(find_stack(), deadline)
+        self._vgf_engine.deadline = deadline
+        return self._vgf_engine
+
     def run(self, inputs, method: str = "forward") -> list:
         """Execute ``method`` on ``inputs`` (torch tensors or numpy arrays); returns new torch tensors."""
         from .execute import Execution
@@ -103,8 +120,9 @@ class LoadedProgram:
         return Execution(self, self.plan(method), self.layouts[method]).run(list(inputs))
 
     def run_and_compare(self, inputs, method: str = "forward") -> tuple[list, list[EngineComparison]]:
-        """``run``, with each Ethos-U delegate that runs on the simulator and carries its TOSA also run on the
-        reference model, on the same inputs: the outputs, and how each delegate output compares."""
+        """``run``, with each Ethos-U delegate that runs on the simulator, and each VGF delegate that runs on the VGF
+        engine, when it carries its TOSA also run on the reference model, on the same inputs: the outputs, and how
+        each delegate output compares."""
         outputs, comparisons, _ = self.run_and_check(inputs, None, method)
         return outputs, comparisons
 
@@ -121,13 +139,13 @@ class LoadedProgram:
     def _comparable(self, method: str) -> None:
         """Some delegate of ``method`` runs on the simulator and carries its TOSA, else an error saying why not."""
         layout = self.layouts[method]
-        if not layout.delegate_npu.keys() & layout.delegate_tosa.keys():
+        if not (layout.delegate_npu.keys() | layout.delegate_vgf.keys()) & layout.delegate_tosa.keys():
             if layout.delegate_npu:
                 raise TosakitError(f"{self.name}: its Ethos-U delegates carry no TOSA to compare the simulator's "
                                    f"results with", DEBUG_INFO_FIX)
-            raise TosakitError(f"{self.name}: no delegate of method {method!r} runs on the Ethos-U simulator"
-                               + (" (engine 'tosa')" if self.engine == "tosa" else ""),
-                               "comparing the engines needs an Ethos-U delegate the npu engine runs")
+            raise TosakitError(f"{self.name}: no delegate of method {method!r} runs on the Ethos-U simulator or the "
+                               "VGF engine" + (" (engine 'tosa')" if self.engine == "tosa" else ""),
+                               "comparing the engines needs a delegate the npu or vgf engine runs")
 
 
 def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,

@@ -29,8 +29,8 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class EngineComparison:
-    """One output of one Ethos-U delegate call computed both ways on the same inputs: the simulated command
-    stream (whose result the program goes on with) and the carried TOSA on the reference model."""
+    """One output of one delegate call computed both ways on the same inputs: the simulated command stream or the
+    VGF engine (whose result the program goes on with) and the carried TOSA on the reference model."""
 
     delegate: int
     backend: str

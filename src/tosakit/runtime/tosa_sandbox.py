@@ -23,16 +23,16 @@ from ..errors import RAISE_MEMORY_HINT, IndexRangeError, TosakitError, first_lin
 from ..native import cap_address_space, captured_output, read_exact
 from .tosa_inprocess import run_tosa
 
-_LENGTH = struct.Struct("<Q")
+LENGTH = struct.Struct("<Q")
 
 
-def _pack(arrays: dict[str, np.ndarray]) -> bytes:
+def pack_message(arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    return _LENGTH.pack(len(buf.getvalue())) + buf.getvalue()
+    return LENGTH.pack(len(buf.getvalue())) + buf.getvalue()
 
 
-def _unpack(data: bytes) -> dict[str, np.ndarray]:
+def unpack_message(data: bytes) -> dict[str, np.ndarray]:
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         return {k: npz[k] for k in npz.files}
 
@@ -76,10 +76,10 @@ class IsolatedReferenceModel:
         """One request (``inputs`` added as in0, in1, ...) and its reply; ``engine`` names the work in errors."""
         request.update({f"in{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs)})
         try:
-            self.proc.stdin.write(_pack(request))
+            self.proc.stdin.write(pack_message(request))
             self.proc.stdin.flush()
-            header = self._read(_LENGTH.size, what, engine)
-            return _unpack(self._read(_LENGTH.unpack(header)[0], what, engine))
+            header = self._read(LENGTH.size, what, engine)
+            return unpack_message(self._read(LENGTH.unpack(header)[0], what, engine))
         except (BrokenPipeError, EOFError):
             raise self._died(what, engine) from None
 
@@ -166,8 +166,8 @@ def _serve(max_memory: int) -> None:
 
     cap_address_space(max_memory)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while header := stdin.read(_LENGTH.size):
-        stdout.write(_pack(_reply(_unpack(stdin.read(_LENGTH.unpack(header)[0])))))
+    while header := stdin.read(LENGTH.size):
+        stdout.write(pack_message(_reply(unpack_message(stdin.read(LENGTH.unpack(header)[0])))))
         stdout.flush()
 
 

@@ -18,12 +18,16 @@ from ..program.pte import tosa_key
 from .ethosu.commands import NotSimulatedError, decode
 from .ethosu.simulate import FAST_SCRATCH_BYTES, memory_needed, require_simulated
 from .tosa_validate import TosaSummary, check_tosa
+from .vgf.container import VgfContainer, parse_vgf
+from .vgf import stack as vgf_stack
 
 FIX = "the file is damaged or was not written for ExecuTorch's runtime: re-export the model"
 HOST_DELEGATES = ("TOSABackend", "EthosUBackend", "VgfBackend")
-# How an Ethos-U delegate runs on the host: its command stream on the simulator, or its carried TOSA on the
-# reference model. By default (None): the simulator for the streams it runs, TOSA for the others.
-ENGINES = ("npu", "tosa")
+# How a delegate runs on the host. Ethos-U: its command stream on the simulator ("npu"), or its carried TOSA on
+# the reference model ("tosa"); by default the simulator for the streams it runs, TOSA for the others. VGF: its
+# payload on Arm's ML SDK stack ("vgf"), or its carried TOSA ("tosa"); by default the stack when this machine
+# has it, else the TOSA.
+ENGINES = ("npu", "tosa", "vgf")
 MAX_RANK = 16
 # element types the host runtime computes with (quantized and float8 storage types are not kernel inputs)
 RUNNABLE = {S.ScalarType.BYTE, S.ScalarType.CHAR, S.ScalarType.SHORT, S.ScalarType.INT, S.ScalarType.LONG,
@@ -53,6 +57,7 @@ class MethodLayout:
     initial: list[tuple[int, int, int, int, int]] = field(default_factory=list)  # arena, offset, segment, at, bytes
     delegate_tosa: dict[int, tuple[bytes, TosaSummary]] = field(default_factory=dict)  # checked graph, its I/O
     delegate_npu: dict[int, EthosUPayload] = field(default_factory=dict)  # payloads whose stream decodes
+    delegate_vgf: dict[int, VgfContainer] = field(default_factory=dict)  # VGF payloads the VGF engine runs
     memory: int = 0
 
 
@@ -282,6 +287,8 @@ class _Method:
         payload = delegate_payload(self.program, self.segments, delegate)
         if delegate.id == "EthosUBackend":
             self.ethosu(what, payload, call.args, call.delegate_index, layout)
+        if delegate.id == "VgfBackend":
+            self.vgf(what, payload, call.delegate_index, layout)
         tosa = payload if delegate.id == "TOSABackend" else self.tosa.get(tosa_key(payload))
         if tosa is not None:
             summary = check_tosa(tosa, f"of {self.where}, {what}", self.limits.max_memory - layout.memory)
@@ -321,6 +328,15 @@ class _Method:
                             f"flag), more than the {self.limits.max_memory - layout.memory} bytes the "
                             f"{self.limits.max_memory}-byte memory limit leaves", RAISE_MEMORY_HINT)
         layout.delegate_npu[index] = p
+
+    def vgf(self, what: str, payload: bytes, index: int, layout: MethodLayout) -> None:
+        """Check the VGF container; note whether the delegate runs on the VGF engine (the engine's choice: by
+        default when this machine has the stack)."""
+        container = parse_vgf(payload, f"{self.where}, {what}")
+        if self.engine == "vgf":
+            vgf_stack.find_stack()  # the engine asked for: its missing parts are the error
+        if self.engine == "vgf" or (self.engine is None and not vgf_stack.missing()):
+            layout.delegate_vgf[index] = container
 
     def tosa_io(self, what: str, summary: TosaSummary, args: list[int]) -> None:
         ios = summary.inputs + summary.outputs

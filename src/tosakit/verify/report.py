@@ -165,13 +165,15 @@ class VerifyReport:
                 lines.append(f"{f'{o.index} {list(o.shape)}':<{width}}{name:<14}{a.max_abs_error:>12.4g}"
                              f"{_db(a.snr_db):>9}{a.cosine:>10.5f}{top:>7}")
         if self.npu_error:
-            lines.append(f"Ethos-U command streams on the NPU simulator: stopped ({self.npu_error}); the figures "
-                         f"above are the delegates' TOSA on the reference model")
-        if self.engines:
-            exact = sum(c.bit_exact for c in self.engines)
-            lines.append(f"Ethos-U command streams run on the NPU simulator: {exact} of {len(self.engines)} delegate "
-                         f"output(s) bit-exact with their TOSA on the reference model")
-            lines += [f"  npu vs tosa: {c}" for c in self.engines if not c.bit_exact]
+            lines.append(f"delegates' own payloads (NPU simulator, vgf engine): stopped ({self.npu_error}); the "
+                         f"figures above are the delegates' TOSA on the reference model")
+        for backend, (what, engine) in ENGINE_LINES.items():
+            ran = [c for c in self.engines if c.backend == backend]
+            if ran:
+                exact = sum(c.bit_exact for c in ran)
+                lines.append(f"{what}: {exact} of {len(ran)} delegate output(s) bit-exact with their TOSA on the "
+                             f"reference model")
+                lines += [f"  {engine} vs tosa: {c}" for c in ran if not c.bit_exact]
         if self.npu_ops:
             lines += npu_summary(self.npu_ops)
         if self.layers:
@@ -196,6 +198,11 @@ class VerifyReport:
         if hint:
             lines.append("hint: " + hint)
         return "\n".join(lines)
+
+
+# The engines a delegate's own payload runs on, by backend: what the verify line calls them.
+ENGINE_LINES = {"EthosUBackend": ("Ethos-U command streams run on the NPU simulator", "npu"),
+                "VgfBackend": ("VGF payloads run on Arm's ML SDK (the vgf engine)", "vgf")}
 
 
 def _what(s: InputReport | LayerReport) -> str:

@@ -18,14 +18,15 @@ from .report import Agreement, OutputReport, VerifyReport
 def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: tuple,
            float_model: torch.nn.Module | None = None, fake_quant: GraphModule | None = None,
            layers: bool = False) -> VerifyReport:
-    """Run the emitted program on the host (Ethos-U delegates on the NPU simulator, each also on its TOSA to
-    compare) and compare it with float PyTorch and the fake-quantized model (``convert_pt2e`` output,
+    """Run the emitted program on the host (Ethos-U delegates on the NPU simulator, VGF delegates on the VGF engine
+    when this machine has it, each also on its TOSA to compare) and compare it with float PyTorch and the fake-quantized model (``convert_pt2e`` output,
     evaluated exactly: see ``ExactInterpreter``)."""
     tosa = {tosa_key(m.processed_bytes): m.tosa for m in edge.program.graph_module.children()
             if isinstance(m, LoweredBackendModule)}
     loaded = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False)
     engines, npu_error = [], None
-    if loaded.layouts["forward"].delegate_npu:  # each one carries its TOSA here
+    layout = loaded.layouts["forward"]
+    if layout.delegate_npu or layout.delegate_vgf:  # each one carries its TOSA here
         try:
             got, engines = loaded.run_and_compare(list(inputs))
         except TosakitError as exc:  # a finding to show, not a reason to refuse the program: verify its TOSA
