@@ -37,14 +37,58 @@ def unpack_message(data: bytes) -> dict[str, np.ndarray]:
         return {k: npz[k] for k in npz.files}
 
 
-class IsolatedReferenceModel:
+class Child:
+    """A child process that answers length-prefixed .npz messages on its stdin and stdout, read with a deadline."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], deadline: float):
+        self.deadline = deadline
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env)
+
+    def exchange(self, request: dict[str, np.ndarray], what: str, engine: str) -> dict[str, np.ndarray]:
+        """Send ``request``, return the reply; ``engine`` names the work in errors (its stop, its time limit)."""
+        try:
+            self.proc.stdin.write(pack_message(request))
+            self.proc.stdin.flush()
+            header = self._read(LENGTH.size, what, engine)
+            return unpack_message(self._read(LENGTH.unpack(header)[0], what, engine))
+        except (BrokenPipeError, EOFError):
+            raise self._died(what, engine) from None
+
+    def _read(self, n: int, what: str, engine: str) -> bytes:
+        try:
+            return read_exact(self.proc.stdout.fileno(), n, self.deadline)
+        except TimeoutError:
+            self.close()
+            raise TosakitError(f"{what}: {engine} did not finish within the time limit",
+                               "raise it (tosakit run --timeout) if the delegate is that large") from None
+
+    def stopped(self) -> str:
+        """How the child ended: "signal SIGSEGV" or "exit status 1"."""
+        code = self.proc.wait()
+        return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+
+    def _died(self, what: str, engine: str) -> TosakitError:
+        return TosakitError(f"{what}: {engine} stopped ({self.stopped()}) on this delegate")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:  # a full pipe to a dead child
+                pass
+
+
+class IsolatedReferenceModel(Child):
     """A child process running TOSA graphs and Ethos-U payloads, with an address-space limit and a deadline."""
 
     def __init__(self, max_memory: int, deadline: float):
-        self.max_memory, self.deadline = max_memory, deadline
+        self.max_memory = max_memory
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tosakit.runtime.tosa_sandbox", str(max_memory)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        super().__init__([sys.executable, "-m", "tosakit.runtime.tosa_sandbox", str(max_memory)], env, deadline)
 
     def run(self, tosa: bytes, inputs: list[np.ndarray], what: str) -> list[np.ndarray]:
         """``tosa`` on the reference model."""
@@ -75,38 +119,12 @@ class IsolatedReferenceModel:
     def call(self, request: dict, inputs: list[np.ndarray], what: str, engine: str) -> dict[str, np.ndarray]:
         """One request (``inputs`` added as in0, in1, ...) and its reply; ``engine`` names the work in errors."""
         request.update({f"in{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs)})
-        try:
-            self.proc.stdin.write(pack_message(request))
-            self.proc.stdin.flush()
-            header = self._read(LENGTH.size, what, engine)
-            return unpack_message(self._read(LENGTH.unpack(header)[0], what, engine))
-        except (BrokenPipeError, EOFError):
-            raise self._died(what, engine) from None
-
-    def _read(self, n: int, what: str, engine: str) -> bytes:
-        try:
-            return read_exact(self.proc.stdout.fileno(), n, self.deadline)
-        except TimeoutError:
-            self.close()
-            raise TosakitError(f"{what}: {engine} did not finish within the time limit",
-                               "raise it (tosakit run --timeout) if the delegate is that large") from None
+        return self.exchange(request, what, engine)
 
     def _died(self, what: str, engine: str) -> TosakitError:
-        code = self.proc.wait()
-        cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-        return TosakitError(f"{what}: {engine} stopped ({cause}) on this delegate, which passed tosakit's checks; "
-                            f"the delegate may be damaged, or the {self.max_memory}-byte memory limit too small",
-                            "raise --max-memory if you trust the file, else report it to tosakit")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:  # a full pipe to a dead child
-                pass
+        return TosakitError(f"{what}: {engine} stopped ({self.stopped()}) on this delegate, which passed tosakit's "
+                            f"checks; the delegate may be damaged, or the {self.max_memory}-byte memory limit too "
+                            "small", "raise --max-memory if you trust the file, else report it to tosakit")
 
 
 def _simulate(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:

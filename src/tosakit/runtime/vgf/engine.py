@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import TosakitError
-from ...native import captured_output, read_exact
-from ..tosa_sandbox import LENGTH, pack_message, unpack_message
+from ...native import captured_output
+from ..tosa_sandbox import LENGTH, Child, pack_message, unpack_message
 from .stack import VgfStack
 
 # Vulkan tensor formats the model converter writes, as numpy element types.
@@ -33,14 +32,13 @@ CACHED_FILES = 16  # VGF files whose built scenarios the child keeps (oldest dro
 STACK_HINT = "the delegate may be damaged; if you trust the file, report it to tosakit with `tosakit doctor`'s output"
 
 
-class VgfEngine:
+class VgfEngine(Child):
     """A child process executing VGF files; ``run`` one call at a time, ``close`` when done."""
 
     def __init__(self, stack: VgfStack, deadline: float):
-        self.deadline, self.known = deadline, set()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tosakit.runtime.vgf.engine", str(stack.vgf_dump)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=stack.environment())
+        self.known: set[str] = set()  # the files the child has been sent
+        super().__init__([sys.executable, "-m", "tosakit.runtime.vgf.engine", str(stack.vgf_dump)],
+                         stack.environment(), deadline)
 
     def io_counts(self, vgf: bytes, what: str) -> tuple[int, int]:
         """How many inputs and outputs the VGF file takes and gives (the VGF library's description)."""
@@ -61,42 +59,16 @@ class VgfEngine:
         request["key"] = np.array(key)
         if key not in self.known:
             request["vgf"] = np.frombuffer(vgf, dtype=np.uint8)
-        reply = self._exchange(request, what)
+        reply = self.exchange(request, what, "the VGF stack")
         if "unknown" in reply:  # the child dropped it from its cache
-            reply = self._exchange({**request, "vgf": np.frombuffer(vgf, dtype=np.uint8)}, what)
+            reply = self.exchange({**request, "vgf": np.frombuffer(vgf, dtype=np.uint8)}, what, "the VGF stack")
         self.known.add(key)
         if "error" in reply:
             raise TosakitError(f"{what}: {reply['error'].item()}", reply["hint"].item() or STACK_HINT)
         return reply
 
-    def _exchange(self, request: dict, what: str) -> dict[str, np.ndarray]:
-        try:
-            self.proc.stdin.write(pack_message(request))
-            self.proc.stdin.flush()
-            reply = unpack_message(self._read(LENGTH.unpack(self._read(LENGTH.size, what))[0], what))
-        except (BrokenPipeError, EOFError):
-            code = self.proc.wait()
-            cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-            raise TosakitError(f"{what}: the VGF stack stopped ({cause}) on this delegate", STACK_HINT) from None
-        return reply
-
-    def _read(self, n: int, what: str) -> bytes:
-        try:
-            return read_exact(self.proc.stdout.fileno(), n, self.deadline)
-        except TimeoutError:
-            self.close()
-            raise TosakitError(f"{what}: the VGF stack did not finish within the time limit",
-                               "raise it (tosakit run --timeout) if the delegate is that large") from None
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+    def _died(self, what: str, engine: str) -> TosakitError:
+        return TosakitError(f"{what}: {engine} stopped ({self.stopped()}) on this delegate", STACK_HINT)
 
 
 # ---------------------------------------------------------------------------------------------- the child
