@@ -327,8 +327,10 @@ def _dilated_regions(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: to
 
 
 def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tensor | None, w_scale, stride, pad,
-             dilation, depthwise: bool, out_hw) -> Value:
-    """One CONV2D or DEPTHWISE_CONV2D on an NHWC value; returns the NHWC result (requantized in INT)."""
+             dilation, depthwise: bool, out_hw, whole: bool = True) -> Value:
+    """One CONV2D or DEPTHWISE_CONV2D on an NHWC value; returns the NHWC result (requantized in INT). ``whole``:
+    its input is a whole tensor, not one group's channels (a SLICE Vela reads in place, unless space-to-depth
+    rearranges it first: the stem's form is for whole inputs only)."""
     integer = w_scale is not None
     pads = tosa_pads(x.shape[1:3], w.shape[2:], stride, pad, dilation)
     x, w, pads, dilation = _drop_dead_taps(ctx, x, w, pads, stride, dilation)
@@ -343,7 +345,7 @@ def _conv_op(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tens
         w_np = w_np.reshape(cin, oc // cin, kh, kw).transpose(2, 3, 0, 1)
     else:  # OIHW -> OHWI
         w_np = w_np.transpose(0, 2, 3, 1)
-    stem = None if depthwise else _stem_case(x, w, stride, pads, dilation, integer)
+    stem = None if depthwise or not whole else _stem_case(x, w, stride, pads, dilation, integer)
     if stem is not None:
         form = ctx.form_of(stem)
         loc = ctx.current.name if ctx.current is not None else None
@@ -368,7 +370,8 @@ def _conv2d(ctx: Lowering, node: Node, x: Value, w: torch.Tensor, b: torch.Tenso
         lo, hi = g * oc_g, (g + 1) * oc_g
         xg = slice_axis(ctx, x, 3, g * ic_g, ic_g)
         bg = None if b is None else b[lo:hi]
-        parts.append(_conv_op(ctx, node, xg, w[lo:hi], bg, _weight_scale(node, lo, hi), *args, False, out_nchw[2:]))
+        parts.append(_conv_op(ctx, node, xg, w[lo:hi], bg, _weight_scale(node, lo, hi), *args, False, out_nchw[2:],
+                              whole=False))
     return concat(ctx, parts, 3, node=node)
 
 
