@@ -63,6 +63,25 @@ def test_run_names_the_vgf_engine_and_compile_verify_checks_the_payload(vgf_stac
     assert "(1 VGF delegate(s) on Arm's ML SDK (vgf engine))" in capsys.readouterr().out
 
 
+class PicksOne(torch.nn.Module):
+    """where(x == 0.2523, x, y) on x in steps of 1/128: never equal, so the integer graph returns y and never reads x."""
+
+    def forward(self, x, y):
+        return torch.where(torch.eq(x, 0.2523), x, y)
+
+
+def test_an_input_the_graph_never_reads_is_bound_by_position_int(vgf_stack):
+    """The model converter drops an input the TOSA graph never reads and keeps the others' bindings: the VGF engine
+    passes the call's inputs by binding (it took the dropped input's place: 'the VGF file has 1 inputs, the call
+    passes 2')."""
+    x = (torch.arange(-128, 128, dtype=torch.float32) / 128).reshape(2, 128)
+    compiled = compile(PicksOne().eval(), (x, -x), VgfCompileSpec().with_debug_info(), quantize=True)
+    program = LoadedProgram(compiled.program.buffer, "picks_one.pte")
+    [got], comparisons = program.run_and_compare([x, -x])
+    assert comparisons and all(c.bit_exact for c in comparisons), [str(c) for c in comparisons]
+    assert torch.allclose(got, -x, atol=0.01)
+
+
 def _vgf_bytes() -> bytes:
     model, inputs = MODELS["add"].factory()
     return compile(model, inputs, "vgf").edge.program.graph_module.lowered_module_0.processed_bytes

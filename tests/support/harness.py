@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from support.npu import NPU_DIFFERENCES, assert_npu_bit_exact, ethosu_delegates
@@ -36,6 +38,9 @@ class Harness:
         assert checks, "no delegate output was compared"
         bad = [str(c) for c in checks if not c.passed]
         assert not bad, "; ".join(bad)
+        profiles = compiled.spec.tosa_spec.support_integer(), compiled.spec.tosa_spec.support_float()
+        if VGF_OPS and profiles[0] != profiles[1]:  # a TOSA INT or FP case: `make test-vgf-ops`
+            assert_vgf_engine(compiled.edge, inputs)
         return checks
 
     def fp(self, module, inputs, target="TOSA-1.0+FP"):
@@ -172,3 +177,44 @@ def forced_exact(edge, inputs, force: bool = True) -> tuple:
     out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     return tuple(o.float() if o.is_floating_point() else o for o in out)
 
+
+# `make test-vgf-ops` (TOSAKIT_TEST_VGF_OPS=1): every INT and FP case of the op and model tests also runs on the
+# VGF engine. It adds about 85 s to a 2-core run, which `make test`'s 15 minutes do not have.
+VGF_OPS = bool(os.environ.get("TOSAKIT_TEST_VGF_OPS"))
+_VGF_ENGINE = []  # this test process's VGF engine, started on first use
+
+
+def assert_vgf_engine(edge, inputs) -> None:
+    """Each TOSA delegate converted to VGF by the model converter and run on the VGF engine (Arm's ML SDK) on the
+    inputs it is called with: INT bit-exact with its TOSA on the reference model, FP within ExecuTorch's VGF
+    tolerance (1e-3). Without the stack: nothing off CI, a failure as root (CI, where `make setup` installs it)."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from tosakit.backends.vgf import convert
+    from tosakit.runtime.delegates import _DelegateInputs, run_delegate
+    from tosakit.runtime.vgf import VgfEngine, find_stack, missing
+
+    if missing():
+        assert os.geteuid() != 0, f"the VGF engine's stack is missing as root: {missing()}"
+        return
+    if not _VGF_ENGINE or _VGF_ENGINE[0].proc.poll() is not None:
+        _VGF_ENGINE[:] = [VgfEngine(find_stack(), 0.0, threads=1)]  # small graphs, beside the other test worker
+    engine = _VGF_ENGINE[0]
+    engine.deadline = time.monotonic() + 120
+    runner = _DelegateInputs(edge.program.graph_module)
+    with torch.no_grad():
+        runner.run(*inputs)
+    for name, module, args, _ in runner.seen:
+        want = run_delegate(module, list(args))
+        stored = [x.detach().permute(tuple(o)).contiguous().numpy() for x, o in zip(args, module.input_orders)]
+        expected = [w.permute(tuple(o)).numpy() for w, o in zip(want, module.output_orders)]
+        got = engine.run(convert(module.tosa), stored, [(e.dtype, e.shape) for e in expected], name)
+        for k, (g, e) in enumerate(zip(got, expected)):
+            if np.issubdtype(e.dtype, np.floating):
+                scale = max(float(np.abs(e).max(initial=0.0)), 1.0)
+                assert float(np.abs(g - e).max(initial=0.0)) <= 1e-3 * scale, f"{name} output {k} on the VGF engine"
+            else:
+                assert np.array_equal(g, e), f"{name} output {k}: the VGF engine differs from the TOSA reference model"

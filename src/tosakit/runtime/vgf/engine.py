@@ -35,10 +35,13 @@ STACK_HINT = "the delegate may be damaged; if you trust the file, report it to t
 class VgfEngine(Child):
     """A child process executing VGF files; ``run`` one call at a time, ``close`` when done."""
 
-    def __init__(self, stack: VgfStack, deadline: float):
+    def __init__(self, stack: VgfStack, deadline: float, threads: int | None = None):
+        """``threads``: the stack's worker threads (OpenMP, lavapipe); by default as many as the cores."""
         self.known: set[str] = set()  # the files the child has been sent
-        super().__init__([sys.executable, "-m", "tosakit.runtime.vgf.engine", str(stack.vgf_dump)],
-                         stack.environment(), deadline)
+        env = stack.environment()
+        if threads is not None:
+            env.update(OMP_NUM_THREADS=str(threads), LP_NUM_THREADS=str(threads))
+        super().__init__([sys.executable, "-m", "tosakit.runtime.vgf.engine", str(stack.vgf_dump)], env, deadline)
 
     def io_counts(self, vgf: bytes, what: str) -> tuple[int, int]:
         """How many inputs and outputs the VGF file takes and gives (the VGF library's description)."""
@@ -85,13 +88,30 @@ class _Scenario:
             raise TosakitError(f"the VGF library cannot describe the file (vgf_dump exit {done.returncode}): "
                                f"{done.stderr.decode(errors='replace').strip()[:200]}")
         self.template = json.loads(done.stdout)
-        tensors = [r["tensor"] for r in self.template["resources"] if "tensor" in r]
+        binding = {b["resource_ref"]: int(b["id"]) for c in self.template["commands"] for d in c.values()
+                   for b in d.get("bindings", [])}
+        tensors = sorted((r["tensor"] for r in self.template["resources"] if "tensor" in r),
+                         key=lambda t: binding.get(t["uid"], -1))
         self.ins, self.outs = [t for t in tensors if "src" in t], [t for t in tensors if "dst" in t]
+        # Bindings number the graph's inputs, then its outputs; an input the graph never reads has none (the
+        # model converter drops it). So the call's inputs are as many as the first output's binding.
+        self.used = [binding.get(t["uid"], -1) for t in self.ins]
+        self.call_inputs = binding.get(self.outs[0]["uid"], 0) if self.outs else max(self.used, default=-1) + 1
+        if any(not 0 <= b < self.call_inputs for b in self.used) or len(set(self.used)) != len(self.used):
+            raise TosakitError(f"the VGF file binds its inputs to {self.used}, not to distinct inputs among the "
+                               f"{self.call_inputs} before its first output")
+
+    def _used(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The call's inputs the graph reads, checked against the VGF's descriptions."""
+        if len(inputs) != self.call_inputs:
+            raise TosakitError(f"the VGF file takes {self.call_inputs} inputs, the call passes {len(inputs)}")
+        used = [inputs[b] for b in self.used]
+        _check("input", self.ins, [(x.dtype, x.shape) for x in used])
+        return used
 
     def _build(self, inputs: list[np.ndarray], outputs: list) -> None:
         import scenario_runner_py as runner
 
-        _check("input", self.ins, [(x.dtype, x.shape) for x in inputs])
         _check("output", self.outs, [(np.dtype(d), tuple(s)) for d, s in outputs])
         for k, t in enumerate(self.ins):
             t["src"] = str(self.folder / f"in{k}.npy")
@@ -110,10 +130,9 @@ class _Scenario:
         self.output_ids = [self.scenario.get_tensor_id(t["uid"]) for t in self.outs]
 
     def run(self, inputs: list[np.ndarray], outputs: list) -> list[np.ndarray]:
+        inputs = self._used(inputs)
         if self.scenario is None:
             self._build(inputs, outputs)
-        else:
-            _check("input", self.ins, [(x.dtype, x.shape) for x in inputs])
         for tid, x in zip(self.input_ids, inputs):
             self.scenario.upload(tid, np.ascontiguousarray(x))
         self.scenario.run()
@@ -143,7 +162,7 @@ def _answer(request: dict[str, np.ndarray], scenarios: dict[str, _Scenario], vgf
             shutil.rmtree(scenarios.pop(next(iter(scenarios))).folder, ignore_errors=True)
     found = scenarios[key]
     if "describe" in request:
-        return {"inputs": np.array(len(found.ins)), "outputs": np.array(len(found.outs))}
+        return {"inputs": np.array(found.call_inputs), "outputs": np.array(len(found.outs))}
     inputs = [request[f"in{k}"] for k in range(sum(name.startswith("in") for name in request))]
     return {f"out{k}": r for k, r in enumerate(found.run(inputs, json.loads(request["outputs"].item())))}
 
