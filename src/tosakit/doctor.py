@@ -34,13 +34,13 @@ def _tosa() -> EngineStatus:
 
 
 def _vgf(live: bool) -> EngineStatus:
-    from .runtime.vgf.stack import missing
+    from .runtime.vgf.stack import gaps_text, missing
 
     runs = "VGF delegates' payloads on Arm's ML SDK (emulation layer over Mesa's lavapipe)"
     gaps = missing()
     if gaps:
-        return EngineStatus("vgf", runs, False, "lacks " + "; ".join(w for w, _ in gaps) + "; fix: "
-                            + "; ".join(dict.fromkeys(h for _, h in gaps)))
+        what, how = gaps_text(gaps)
+        return EngineStatus("vgf", runs, False, f"lacks {what}; fix: {how}")
     if not live:
         return EngineStatus("vgf", runs, True, "every part installed (not started: drop --quick to run a graph)")
     try:

@@ -75,11 +75,13 @@ class LoadedProgram:
     def no_tosa(self, delegate: S.BackendDelegate, index: int) -> TosakitError:
         """Why delegate ``index`` cannot run on the host: it must run its TOSA, and the program carries none."""
         if delegate.id == "VgfBackend":
-            from .vgf.stack import missing
+            from .vgf.stack import gaps_text, missing
 
             gaps = missing()
-            why = (", and this machine lacks the VGF engine's " + "; ".join(w for w, _ in gaps)
-                   + " (" + "; ".join(dict.fromkeys(h for _, h in gaps)) + ")" if gaps else " (engine 'tosa')")
+            why = " (engine 'tosa')"
+            if gaps:
+                what, how = gaps_text(gaps)
+                why = f", and this machine lacks the VGF engine's {what} ({how})"
         elif delegate.id != "EthosUBackend":
             why = ", so it cannot run on the host"
         elif self.engine == "tosa":

@@ -38,15 +38,20 @@ class VgfEngine(Child):
     def __init__(self, stack: VgfStack, deadline: float, threads: int | None = None):
         """``threads``: the stack's worker threads (OpenMP, lavapipe); by default as many as the cores."""
         self.known: set[str] = set()  # the files the child has been sent
+        self.counts: dict[str, tuple[int, int]] = {}  # each file's input and output counts
         env = stack.environment()
         if threads is not None:
             env.update(OMP_NUM_THREADS=str(threads), LP_NUM_THREADS=str(threads))
         super().__init__([sys.executable, "-m", "tosakit.runtime.vgf.engine", str(stack.vgf_dump)], env, deadline)
 
     def io_counts(self, vgf: bytes, what: str) -> tuple[int, int]:
-        """How many inputs and outputs the VGF file takes and gives (the VGF library's description)."""
-        reply = self._call(vgf, {"describe": np.array(1)}, what)
-        return int(reply["inputs"]), int(reply["outputs"])
+        """How many inputs and outputs the VGF file takes and gives (the VGF library's description; asked once
+        per file)."""
+        key = hashlib.sha256(vgf).hexdigest()
+        if key not in self.counts:
+            reply = self._call(vgf, {"describe": np.array(1)}, what)
+            self.counts[key] = int(reply["inputs"]), int(reply["outputs"])
+        return self.counts[key]
 
     def run(self, vgf: bytes, inputs: list[np.ndarray], outputs: list[tuple[np.dtype, tuple[int, ...]]],
             what: str) -> list[np.ndarray]:

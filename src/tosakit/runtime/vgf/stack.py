@@ -58,11 +58,17 @@ def missing() -> list[tuple[str, str]]:
     return gaps
 
 
+def gaps_text(gaps: list[tuple[str, str]]) -> tuple[str, str]:
+    """``missing()``'s parts as one phrase each: what is missing, and how to add it."""
+    return "; ".join(w for w, _ in gaps), "; ".join(dict.fromkeys(h for _, h in gaps))
+
+
 def find_stack() -> VgfStack:
     """The stack, or a TosakitError naming each missing part and how to add it."""
     gaps = missing()
     if gaps:
-        raise TosakitError("this machine cannot execute VGF files: it lacks " + "; ".join(w for w, _ in gaps),
-                           "; ".join(dict.fromkeys(h for _, h in gaps)) + " (`tosakit doctor` lists the engines)")
+        what, how = gaps_text(gaps)
+        raise TosakitError(f"this machine cannot execute VGF files: it lacks {what}",
+                           f"{how} (`tosakit doctor` lists the engines)")
     layer, vgf = _package_dir("emulation_layer"), _package_dir("vgf_lib")
     return VgfStack(layer / "deploy", vgf / "binaries" / "bin" / "vgf_dump")
