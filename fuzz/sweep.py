@@ -146,9 +146,13 @@ def _warm() -> None:
     """Pool workers import what a run needs once; each forked case then starts at once."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch  # noqa: F401
+    from torch.ao.quantization.fx._decomposed import quantized_decomposed_lib  # noqa: F401  (the q/dq kernels)
 
     import tosakit.cli  # noqa: F401
+    import tosakit.cli_commands  # noqa: F401
     import tosakit.runtime.execute  # noqa: F401
+    import tosakit.runtime.io  # noqa: F401
+    import tosakit.runtime.program  # noqa: F401
 
 
 def sweep(seeds: list[Path], cases: int, jobs: int, seed: int = 0, findings: Path | None = None,

@@ -147,7 +147,8 @@ def forced_exact(edge, inputs, force: bool = True) -> tuple:
 
     from tosakit.lower import lower_partition
     from tosakit.program.emit import executorch_call_delegate
-    from tosakit.runtime.delegates import ExactInterpreter, run_stored
+    from tosakit.runtime.delegates import ExactInterpreter
+    from tosakit.runtime.stored import run_stored
     from tosakit.verify.layers import _quantize_after
 
     def delegate(module, tensors):

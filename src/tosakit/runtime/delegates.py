@@ -1,11 +1,10 @@
-"""Delegates run in this process from their TOSA on the reference model — alone (``run_stored``,
-``run_delegate``) or inside their edge program (``run_edge``) — and each checked against the graph it replaced
-(``check_delegates``, against ``evaluate_exact``)."""
+"""Delegates run in this process from their TOSA on the reference model — alone (``run_delegate``) or inside
+their edge program (``run_edge``) — and each checked against the graph it replaced (``check_delegates``, against
+``evaluate_exact``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -15,17 +14,7 @@ from ..capture import with_state
 from ..program import EdgeProgramManager, LoweredBackendModule
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import is_dequantize, is_quantize, qparams_of
-from .tosa_inprocess import run_tosa
-
-
-def run_stored(tosa: bytes, tensors: list[torch.Tensor], in_orders, out_orders,
-               runner: Callable[[bytes, list[np.ndarray]], list[np.ndarray]] = run_tosa) -> list[torch.Tensor]:
-    """Run TOSA whose I/O is stored in the given dim orders (NHWC for channels-last I/O) on torch-layout
-    tensors (with ``runner``: in this process by default); the first ``len(out_orders)`` results come back
-    in torch layout, the rest as they are."""
-    arrays = [t.detach().permute(tuple(o)).contiguous().numpy() for t, o in zip(tensors, in_orders)]
-    results = [torch.from_numpy(np.array(r)) for r in runner(tosa, arrays)]
-    return [r.permute(tuple(np.argsort(o).tolist())) for r, o in zip(results, out_orders)] + results[len(out_orders):]
+from .stored import run_stored
 
 
 def run_delegate(module: LoweredBackendModule, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ from ..native import captured_output
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from .ethosu.simulate import simulate
-from .delegates import run_stored
+from .stored import run_stored
 from .records import EngineComparison, NpuCall, TensorSpec
 from .tosa_sandbox import IsolatedReferenceModel
 from .validate import MethodLayout, tensor_nbytes
@@ -105,7 +105,6 @@ class Execution:
         self.values: list = [self._materialize(ev.val) for ev in plan.values]
         schemas = kernel_schemas()
         self.kernels = [Kernel(schemas[kernel_key(op.name, op.overload)]) for op in plan.operators]
-        self.sandbox: IsolatedReferenceModel | None = None
         self.engines: dict[int, str] = {}  # delegate index -> the engine that ran it
 
     def _tensor(self, t: S.Tensor) -> torch.Tensor:
@@ -161,18 +160,15 @@ class Execution:
         instructions = self.plan.chains[0].instructions if self.plan.chains else []
         deadline = time.monotonic() + self.limits.timeout
         pc, steps = 0, 0
-        try:  # torch's C++ warnings (e.g. an out resized) stay off the terminal unless the run succeeds
-            with torch.no_grad(), captured_output((2,)) as printed:
-                while pc < len(instructions):
-                    steps += 1
-                    if steps > self.limits.max_steps or time.monotonic() > deadline:
-                        raise TosakitError(f"{self.loaded.name}: stopped at instruction {pc} after {steps - 1} steps "
-                                           f"and {self.limits.timeout - (deadline - time.monotonic()):.1f} s, "
-                                           f"past the run's limit", "raise --timeout if you trust the file")
-                    pc = self._step(instructions[pc].instr_args, pc, deadline)
-        finally:
-            if self.sandbox is not None:
-                self.sandbox.close()
+        # torch's C++ warnings (e.g. an out resized) stay off the terminal unless the run succeeds
+        with torch.no_grad(), captured_output((2,)) as printed:
+            while pc < len(instructions):
+                steps += 1
+                if steps > self.limits.max_steps or time.monotonic() > deadline:
+                    raise TosakitError(f"{self.loaded.name}: stopped at instruction {pc} after {steps - 1} steps "
+                                       f"and {self.limits.timeout - (deadline - time.monotonic()):.1f} s, "
+                                       f"past the run's limit", "raise --timeout if you trust the file")
+                pc = self._step(instructions[pc].instr_args, pc, deadline)
         sys.stderr.write(printed[0])
         return [self.values[i].clone() for i in self.plan.outputs]
 
@@ -236,10 +232,8 @@ class Execution:
                                "the delegate's TOSA and the program disagree: re-export it") from None
 
     def _sandbox(self, deadline: float) -> IsolatedReferenceModel:
-        """The child process that runs this run's delegates for a file from anywhere (started on first use)."""
-        if self.sandbox is None:
-            self.sandbox = IsolatedReferenceModel(self.limits.max_memory - self.layout.memory, deadline)
-        return self.sandbox
+        """The child process that runs the delegates of a file from anywhere (the program's, kept across runs)."""
+        return self.loaded.sandbox(self.limits.max_memory - self.layout.memory, deadline)
 
     def _tosa(self, tosa: bytes, ins: list, orders: list, deadline: float, what: str) -> list[torch.Tensor]:
         """The delegate's TOSA on the reference model (in the child process for files from anywhere)."""

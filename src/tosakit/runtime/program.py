@@ -40,6 +40,7 @@ class LoadedProgram:
         self._arenas: dict[str, list] = {}
         self._shared: dict = {}
         self._vgf_engine = None
+        self._sandboxes: dict[int, object] = {}  # address-space cap -> the child running delegates under it
 
     # -------------------------------------------------------------- description
 
@@ -114,6 +115,18 @@ class LoadedProgram:
             self._vgf_engine = VgfEngine(find_stack(), deadline)
         self._vgf_engine.deadline = deadline
         return self._vgf_engine
+
+    def sandbox(self, max_memory: int, deadline: float):
+        """The child process running this file's TOSA graphs and Ethos-U payloads under a ``max_memory`` address
+        space: started on first use, kept across runs (a new one after a crash or a time-out), its deadline the
+        current run's."""
+        from .tosa_sandbox import IsolatedReferenceModel
+
+        child = self._sandboxes.get(max_memory)
+        if child is None or child.proc.poll() is not None:
+            child = self._sandboxes[max_memory] = IsolatedReferenceModel(max_memory, deadline)
+        child.deadline = deadline
+        return child
 
     def run(self, inputs, method: str = "forward") -> list:
         """Execute ``method`` on ``inputs`` (torch tensors or numpy arrays); returns new torch tensors."""

@@ -22,7 +22,8 @@ from ..lower import lower_partition
 from ..program import EdgeProgramManager, LoweredBackendModule
 from ..program.emit import executorch_call_delegate
 from ..quantize.qdq import QParams, is_quantize, qparams_of
-from ..runtime.delegates import ExactInterpreter, run_stored
+from ..runtime.delegates import ExactInterpreter
+from ..runtime.stored import run_stored
 from .float_graph import FloatReference, Recorder, quantized_const_key
 from .npu_ops import NpuOpReport, compare_delegate
 from .pairing import Keys, Numbering
