@@ -452,3 +452,24 @@ def test_weight_streaming_hint_in_dedicated_sram_u85():
     [delegate] = compile(model, (torch.randn(1, 1024),), spec, quantize=True).edge.delegates
     hint = delegate.report.memory_hint
     assert hint and "read once per inference" in hint and "Dedicated_Sram caches" not in hint, hint
+
+
+def test_an_export_compiled_for_several_targets_is_decomposed_once(monkeypatch):
+    """Compiling one exported program for several targets decomposes it to core ATen once (a third of a second a
+    time); each compile still gets its own graph, and the programs are those of fresh exports."""
+    from tosakit.capture import core_aten, export
+    from tosakit.flow import compile
+
+    class Matmul(nn.Module):
+        def forward(self, a, b):
+            return torch.relu(torch.matmul(a, b))  # not one of the direct rewrites: decomposed
+
+    inputs = (torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+    ep = export(Matmul(), inputs)
+    calls = []
+    real = core_aten.to_core_aten
+    monkeypatch.setattr(core_aten, "to_core_aten", lambda *a: calls.append(1) or real(*a))
+    first = [compile(ep, inputs, target).program.buffer for target in ("TOSA-1.0+FP", "vgf", "TOSA-1.0+FP")]
+    assert len(calls) == 1 and first[0] == first[2]
+    assert [compile(export(Matmul(), inputs), inputs, t).program.buffer for t in ("TOSA-1.0+FP", "vgf")] \
+        == first[:2] and len(calls) == 3

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import operator
 import re
 import traceback
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -410,6 +412,18 @@ def _move_get_attrs_after_placeholders(graph) -> None:
             anchor = n
 
 
+_DECOMPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # exported program -> (preserve, core ATen)
+
+
+def _decomposed_once(ep: ExportedProgram, preserve) -> tuple[ExportedProgram, GraphModule]:
+    """``ep`` in core ATen and a fresh copy of its graph: decomposed once per exported program (a third of a
+    second each time an export was compiled for another target)."""
+    cached = _DECOMPOSED.get(ep)
+    if cached is None or cached[0] != tuple(preserve):
+        cached = _DECOMPOSED[ep] = (tuple(preserve), to_core_aten(ep, preserve))
+    return cached[1], copy.deepcopy(cached[1].graph_module)
+
+
 def capture(ep: ExportedProgram, preserve=PRESERVED_OPS) -> CapturedProgram:
     """Core ATen, constants inlined: the form every later stage reads."""
     if not isinstance(ep, ExportedProgram):
@@ -419,7 +433,7 @@ def capture(ep: ExportedProgram, preserve=PRESERVED_OPS) -> CapturedProgram:
         )
     direct = direct_core_aten(ep, preserve)
     if direct is None:
-        ep = to_core_aten(ep, preserve)
+        ep, direct = _decomposed_once(ep, preserve)
     captured = inline_constants(ep, direct)
     user_outputs_only(ep, captured.graph_module)
     addmm_as_linear(captured.graph_module)
