@@ -188,3 +188,15 @@ def addmm_as_linear(gm: GraphModule) -> GraphModule:
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return gm
+
+
+def vector_norm_args(node: torch.fx.Node) -> tuple[torch.fx.Node, float | None, list[int], bool]:
+    """(x, order, dims, keepdim) of ``linalg_vector_norm``: dims sorted, every dim when none are named; the order
+    None when a dtype conversion comes with it."""
+    x, *rest = list(node.args) + [None] * (4 - len(node.args))
+    order = node.kwargs.get("ord", rest[0] if rest[0] is not None else 2)
+    dim, keep = node.kwargs.get("dim", rest[1]), node.kwargs.get("keepdim", rest[2] or False)
+    rank = x.meta["val"].dim()
+    dims = list(range(rank)) if dim is None or dim == [] else [dim] if isinstance(dim, int) else list(dim)
+    dtype = node.kwargs.get("dtype", node.args[4] if len(node.args) > 4 else None)
+    return x, None if dtype is not None else float(order), sorted({d % rank for d in dims}), bool(keep)

@@ -1,5 +1,6 @@
-"""Composite layers as primitive ATen ops (softmax, layer/group/batch norm, attention, GLU, LSTM and GRU), so each
-step gets its own quantization: ``DECOMPOSE_FOR_ANNOTATION``, which the rewrites before annotation apply."""
+"""Composite layers as primitive ATen ops (softmax, layer/group/batch norm, vector norms, attention, GLU, LSTM and
+GRU), so each step gets its own quantization: ``DECOMPOSE_FOR_ANNOTATION``, which the rewrites before annotation
+apply."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from ..capture import graph_attr
+from ..capture import graph_attr, vector_norm_args
 
 aten = torch.ops.aten
 
@@ -291,6 +292,19 @@ def _decompose_rnn(f: Builder, node: Node) -> tuple[Node, ...] | None:
     return (seq, *states)
 
 
+def _decompose_vector_norm(f: Builder, node: Node) -> Node | None:
+    """The 2-norm as sqrt(sum(x * x)), the 1-norm as sum(|x|), the inf-norm as amax(|x|), each sum with its own
+    quantization (XCiT's and CLIP's F.normalize); other orders, or a dtype conversion, stay whole."""
+    x, order, dims, keep = vector_norm_args(node)
+    if order == 2:
+        return f(aten.sqrt.default, f.own(f(aten.sum.dim_IntList, f(aten.mul.Tensor, x, x), dims, keep)))
+    if order == 1:
+        return f.own(f(aten.sum.dim_IntList, f(aten.abs.default, x), dims, keep))
+    if order == float("inf"):
+        return f(aten.amax.default, f(aten.abs.default, x), dims, keep)
+    return None
+
+
 DECOMPOSE_FOR_ANNOTATION = {
     aten.softmax.int: _decompose_softmax,
     aten._softmax.default: _decompose_softmax,
@@ -300,6 +314,7 @@ DECOMPOSE_FOR_ANNOTATION = {
     aten.batch_norm.default: _decompose_batch_norm,
     aten.scaled_dot_product_attention.default: _decompose_sdpa,
     aten.glu.default: _decompose_glu,
+    aten.linalg_vector_norm.default: _decompose_vector_norm,
     aten.lstm.input: _decompose_rnn,
     aten.gru.input: _decompose_rnn,
 }

@@ -102,6 +102,13 @@ CASES = {
     "cumsum": _op(lambda x: x.cumsum(-1), [(2, 3, 8)], False),
     "conv_cumsum_channels": _op(lambda x: x.cumsum(1), [(1, 3, 4, 5)], True),
     "conv_var_population": _op(lambda x: x.var((2, 3), correction=0, keepdim=True), [(1, 3, 4, 5)], True),
+    # vector norms: F.normalize (XCiT's cross-covariance attention, CLIP's embeddings)
+    "vector_norm": _op(lambda x: torch.linalg.vector_norm(x, dim=-1), [(2, 3, 8)], False),
+    "vector_norm_1_keepdim": _op(lambda x: torch.linalg.vector_norm(x, 1, dim=(0, 2), keepdim=True), [(2, 3, 8)],
+                                 False),
+    "vector_norm_inf": _op(lambda x: torch.linalg.vector_norm(x, float("inf"), dim=1), [(2, 3, 8)], False),
+    "normalize": _op(lambda x: F.normalize(x, dim=-1), [(2, 4, 16)], False),
+    "conv_normalize_channels": _op(lambda x: F.normalize(x, dim=1), [(1, 3, 4, 5)], True),
 }
 
 TABLE = OpTable("ops_shape", CASES, u55_limit="Ethos-U55/U65")

@@ -1,5 +1,5 @@
 """Reductions: REDUCE_SUM (int32 in INT), REDUCE_MAX / REDUCE_MIN (on the integers), REDUCE_ANY / REDUCE_ALL (bool),
-ARGMAX (int32), variance.
+ARGMAX (int32), variance, vector norms.
 
 Reduced dims stay in the value's layout as size-1 dims; ``keepdim=False`` then drops them in place.
 """
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from ...capture import vector_norm_args
 from ...quantize.qdq import integer_dtype
 from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr
 from ..tosa_graph import DType, Op, TosaGraph, Value, identity
@@ -62,7 +63,12 @@ def reduce(ctx: Lowering, v: Value, op, dims, node: Node) -> Value:
 
 def finish(ctx: Lowering, v: Value, dims, node: Node) -> Value:
     """Drop the reduced dims unless the op keeps them."""
-    return v if keepdim(node) else squeeze_dims(ctx, v, dims, node)
+    return finish_dims(ctx, v, dims, keepdim(node), node)
+
+
+def finish_dims(ctx: Lowering, v: Value, dims, keep: bool, node: Node) -> Value:
+    """Drop the reduced dims unless ``keep``."""
+    return v if keep else squeeze_dims(ctx, v, dims, node)
 
 
 def scale(ctx: Lowering, v: Value, k: float, node: Node) -> Value:
@@ -296,3 +302,34 @@ def var(ctx: Lowering, node: Node) -> Value:
     sq = ctx.emit(Op.MUL, [dev, dev, shift], x.shape, x.dtype, like=x, node=node)
     v = scale(ctx, reduce(ctx, sq, Op.REDUCE_SUM, dims, node), 1.0 / (count - correction), node)
     return finish(ctx, v, dims, node)
+
+
+# ------------------------------------------------------------------ vector norms (float; the quantizer decomposes them)
+
+NORM_ORDERS = (1.0, 2.0, float("inf"))
+
+
+def _norm_check(node: Node, spec) -> str | None:
+    order = vector_norm_args(node)[1]
+    if order not in NORM_ORDERS:
+        return (f"{node.target} of order {order} has no lowering (orders 1, 2 and inf do)" if order is not None else
+                f"{node.target} with a dtype conversion has no lowering: convert its input first")
+    return _float_check(node, spec)
+
+
+@lowers(aten.linalg_vector_norm.default, int=False, u55=False, check=checks(_norm_check))
+def vector_norm(ctx: Lowering, node: Node) -> Value:
+    """sqrt(sum(x * x)) (POW 0.5: TOSA has no SQRT), sum(|x|) or max(|x|) over the dims, in float (for INT the
+    quantizer decomposes it)."""
+    x, order, dims, _ = vector_norm_args(node)
+    x = ctx.arg(x)
+    if order == 2.0:
+        shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
+        squares = ctx.emit(Op.MUL, [x, x, shift], x.shape, x.dtype, like=x, node=node)
+        total = reduce(ctx, squares, Op.REDUCE_SUM, dims, node)
+        half = ctx.scalar(0.5, total)
+        v = ctx.emit(Op.POW, [total, half], total.shape, total.dtype, like=total, node=node)
+    else:
+        size = ctx.emit(Op.ABS, [x], x.shape, x.dtype, like=x, node=node)
+        v = reduce(ctx, size, Op.REDUCE_SUM if order == 1.0 else Op.REDUCE_MAX, dims, node)
+    return finish_dims(ctx, v, dims, vector_norm_args(node)[3], node)
