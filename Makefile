@@ -14,7 +14,7 @@ STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
 PYTEST_ARGS ?= -n 2
 
-.PHONY: demo test test-vgf-ops test-any-machine setup oracle bench fuzz clean vulkan
+.PHONY: demo test test-any-machine setup oracle bench fuzz clean vulkan
 
 setup: $(STAMP)
 
@@ -49,11 +49,6 @@ demo: $(STAMP)
 
 test: $(STAMP) $(ORACLE_STAMP)
 	TOSAKIT_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
-
-# Every INT and FP case of the op and model tests also run on the VGF engine (tests/support/harness.py).
-test-vgf-ops: $(STAMP) $(ORACLE_STAMP)
-	TOSAKIT_TEST_VGF_OPS=1 TOSAKIT_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python \
-		$(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/lower tests/zoo/test_zoo.py
 
 ANY_MACHINE ?= OMP_NUM_THREADS=1 OMP_NUM_THREADS=2 OMP_NUM_THREADS=4 ATEN_CPU_CAPABILITY=default
 
