@@ -175,6 +175,9 @@ def test_a_files_sandbox_is_kept_across_runs_and_replaced_after_a_crash(small_pt
     assert torch.equal(program.run([x])[0], first)
     [again] = program._sandboxes.values()
     assert again is not child and again.proc.poll() is None
+    pid = again.proc.pid
+    del program, again  # the child ends with its program (subprocess alone would keep it, its pipe open)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
 def test_run_and_inspect_start_without_the_compile_flow(small_pte):
