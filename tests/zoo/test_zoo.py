@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from support.harness import VGF_OPS, assert_vgf_engine
 from tosakit.capture import export
 from tosakit.flow import partitioner_for, quantize_model
 from tosakit.partition import cpu_compute
@@ -69,6 +70,8 @@ def test_zoo_int(harness, name):
     edge = _lower(name, "TOSA-1.0+INT")
     assert not _cpu_compute(edge), _cpu_compute(edge)
     assert harness.assert_integer_lowering(edge, inputs, quantized) >= 10
+    if VGF_OPS:
+        assert_vgf_engine(edge, inputs)  # and its VGF payload on Arm's ML SDK, bit for bit that INT TOSA
 
 
 @pytest.mark.parametrize("name", ZOO)
