@@ -12,7 +12,7 @@ ORACLE := .venv-oracle
 PIP_QUIET := --quiet --disable-pip-version-check
 STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
-PYTEST_ARGS ?= -n 2
+PYTEST_ARGS ?= -n 2 --dist worksteal
 
 .PHONY: demo test test-any-machine setup oracle bench fuzz clean vulkan
 

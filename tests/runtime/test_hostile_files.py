@@ -139,7 +139,7 @@ def test_kernel_resizing_its_out_is_one_clean_error(change, seeds, tmp_path, cap
 @pytest.mark.slow
 def test_mutation_sweep(seeds):
     """CI's share of `make fuzz`: damaged copies of every seed program, each in its own process."""
-    summary = sweep(sorted(seeds.values()), cases=int(os.environ.get("TOSAKIT_SWEEP_CASES", 600)), jobs=2,
+    summary = sweep(sorted(seeds.values()), cases=int(os.environ.get("TOSAKIT_SWEEP_CASES", 450)), jobs=2,
                     progress=False)
     print(report(summary))
     assert summary["seeds"] >= 8 and not summary["problems"], report(summary)
