@@ -168,12 +168,12 @@ def test_a_files_sandbox_is_kept_across_runs_and_replaced_after_a_crash(small_pt
     program = load(small_pte)
     x = torch.randn(1, 3, 10, 10)
     first = program.run([x])[0]
-    [child] = program._sandboxes.values()
-    assert torch.equal(program.run([x])[0], first) and list(program._sandboxes.values()) == [child]
+    [child] = program._children.values()
+    assert torch.equal(program.run([x])[0], first) and list(program._children.values()) == [child]
     os.kill(child.proc.pid, signal.SIGKILL)
     child.proc.wait()
     assert torch.equal(program.run([x])[0], first)
-    [again] = program._sandboxes.values()
+    [again] = program._children.values()
     assert again is not child and again.proc.poll() is None
     pid = again.proc.pid
     del program, again  # the child ends with its program (subprocess alone would keep it, its pipe open)

@@ -39,8 +39,7 @@ class LoadedProgram:
                                                          engine)
         self._arenas: dict[str, list] = {}
         self._shared: dict = {}
-        self._vgf_engine = None
-        self._sandboxes: dict[int, object] = {}  # address-space cap -> the child running delegates under it
+        self._children: dict = {}  # "vgf", or a sandbox's address-space cap -> the child process kept for it
 
     # -------------------------------------------------------------- description
 
@@ -107,24 +106,24 @@ class LoadedProgram:
         return self._arenas[method]
 
     def vgf_engine(self, deadline: float):
-        """The child process running this program's VGF delegates: started on first use, kept across runs (each
-        VGF file's pipeline is built once), its deadline the current run's."""
+        """The child process running this program's VGF delegates (each VGF file's pipeline built once)."""
         from .vgf import VgfEngine, find_stack
 
-        if self._vgf_engine is None or self._vgf_engine.proc.poll() is not None:
-            self._vgf_engine = VgfEngine(find_stack(), deadline)
-        self._vgf_engine.deadline = deadline
-        return self._vgf_engine
+        return self._kept("vgf", lambda: VgfEngine(find_stack(), deadline), deadline)
 
     def sandbox(self, max_memory: int, deadline: float):
         """The child process running this file's TOSA graphs and Ethos-U payloads under a ``max_memory`` address
-        space: started on first use, kept across runs (a new one after a crash or a time-out), its deadline the
-        current run's."""
+        space."""
         from .tosa_sandbox import IsolatedReferenceModel
 
-        child = self._sandboxes.get(max_memory)
+        return self._kept(max_memory, lambda: IsolatedReferenceModel(max_memory, deadline), deadline)
+
+    def _kept(self, key, start: Callable, deadline: float):
+        """The program's child process ``key``: started on first use, kept across runs (a new one after a crash or a
+        time-out), its deadline the current run's."""
+        child = self._children.get(key)
         if child is None or child.proc.poll() is not None:
-            child = self._sandboxes[max_memory] = IsolatedReferenceModel(max_memory, deadline)
+            child = self._children[key] = start()
         child.deadline = deadline
         return child
 

@@ -321,7 +321,7 @@ def _norm_check(node: Node, spec) -> str | None:
 def vector_norm(ctx: Lowering, node: Node) -> Value:
     """sqrt(sum(x * x)) (POW 0.5: TOSA has no SQRT), sum(|x|) or max(|x|) over the dims, in float (for INT the
     quantizer decomposes it)."""
-    x, order, dims, _ = vector_norm_args(node)
+    x, order, dims, keep = vector_norm_args(node)
     x = ctx.arg(x)
     if order == 2.0:
         shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
@@ -332,4 +332,4 @@ def vector_norm(ctx: Lowering, node: Node) -> Value:
     else:
         size = ctx.emit(Op.ABS, [x], x.shape, x.dtype, like=x, node=node)
         v = reduce(ctx, size, Op.REDUCE_SUM if order == 1.0 else Op.REDUCE_MAX, dims, node)
-    return finish_dims(ctx, v, dims, vector_norm_args(node)[3], node)
+    return finish_dims(ctx, v, dims, keep, node)
