@@ -302,7 +302,9 @@ class Lowering:
         to_new = dict(zip(old_big, new_big))
         stored = [to_new[d] for d in v.order if d in to_new]  # big dims in storage order, renumbered
         rank = len(torch_shape)
-        candidates = ([NHWC] if rank == 4 else []) + [identity(rank)]
+        # NHWC only for a feature map with channels: [1, 1, N, M] (one head's attention scores) keeps M innermost,
+        # where the NPU runs elementwise ops over it, not a depth of 1 (4x the cycles)
+        candidates = ([NHWC] if rank == 4 and torch_shape[1] != 1 else []) + [identity(rank)]
         order = next((c for c in candidates if _big_dims(c, torch_shape) == stored),
                      tuple(d for d in range(rank) if torch_shape[d] == 1) + tuple(stored))
         return self.relayout(v, [torch_shape[d] for d in order], order, node)
@@ -552,12 +554,13 @@ def lower_graph(gm: GraphModule, spec: TosaSpecification, probes: bool = False,
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     used = {i.name for i in inputs}
     outputs = [_mark_output(ctx, ctx.arg(a), used, storage_order(a.meta["val"]), a) for a in out_node.args[0]]
-    ops = list(ctx.g.ops)
+    ops = ctx.g.needed()
     probed = []
     if probes:
         for node, v in list(ctx.values.items()):
             if node.op == "call_function" and isinstance(v, Value) and node.target is not operator.getitem:
                 probed.append((node.name, _mark_output(ctx, v, used, identity(v.rank))))
+    ctx.g.prune()
     return LoweredGraph(ctx.g.serialize(), inputs, outputs, ops, probed)
 
 

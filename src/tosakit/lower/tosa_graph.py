@@ -156,9 +156,12 @@ class TosaGraph:
     """Builds one TOSA 1.0 basic block with ``tosa_serializer``, and keeps a record of its ops."""
 
     def __init__(self):
-        self.ser = ts.TosaSerializer("", targetMajor=1, targetMinor=0, targetPatch=0, targetDraft=False)
+        self.ser = _new_serializer()
         self._consts: dict[tuple, str] = {}
         self._tensors: dict[str, object] = {}
+        self._order: list[str] = []  # every tensor, as emitted
+        self._inputs: list[str] = []
+        self._outputs: list[str] = []
         self.info: dict[str, TensorInfo] = {}
         self.ops: list[EmittedOp] = []
         self.producer: dict[str, EmittedOp] = {}  # output name -> the op that writes it
@@ -166,6 +169,8 @@ class TosaGraph:
     def input(self, shape, dtype) -> str:
         t = self.ser.addPlaceholder(list(shape), dtype)
         self._tensors[t.name] = t
+        self._order.append(t.name)
+        self._inputs.append(t.name)
         self.info[t.name] = TensorInfo(t.name, tuple(shape), dtype)
         return t.name
 
@@ -178,6 +183,7 @@ class TosaGraph:
             if key in self._consts:
                 return self._consts[key]
         name = self.ser.addConst(list(array.shape), dtype, array).name
+        self._order.append(name)
         self.info[name] = TensorInfo(name, tuple(array.shape), dtype, array)
         if key is not None:
             self._consts[key] = name
@@ -193,6 +199,7 @@ class TosaGraph:
         """Add ``op`` with a fresh output tensor; returns the output name."""
         out = self.ser.addIntermediate(list(shape), dtype)
         self._tensors[out.name] = out
+        self._order.append(out.name)
         attr = attr or Attr(_attr_name(op))
         loc = ts.TosaOpLocation(location) if location else None
         self.ser.addOperator(op, list(inputs), [out.name], attr.build(), loc)
@@ -203,10 +210,54 @@ class TosaGraph:
 
     def source(self, name: str) -> EmittedOp | None:
         """The op that computes ``name``'s bytes, looking through RESHAPEs (None for inputs and constants)."""
+        return self.producer.get(self.before_reshapes(name))
+
+    def before_reshapes(self, name: str) -> str:
+        """The tensor a chain of RESHAPEs ending at ``name`` starts from (``name`` itself when no RESHAPE made it)."""
         op = self.producer.get(name)
         while op is not None and op.op == "RESHAPE":
-            op = self.producer.get(op.inputs[0].name)
-        return op
+            name = op.inputs[0].name
+            op = self.producer.get(name)
+        return name
+
+    def _live(self) -> set[str]:
+        """The tensors the graph outputs depend on."""
+        live = set(self._outputs)
+        for name in reversed(self._order):
+            if name in live and name in self.producer:
+                live.update(i.name for i in self.producer[name].inputs)
+        return live
+
+    def needed(self) -> list[EmittedOp]:
+        """The emitted ops the outputs marked so far depend on, in order."""
+        live = self._live()
+        return [o for o in self.ops if o.output.name in live]
+
+    def prune(self) -> None:
+        """Drop the ops and constants no output depends on (a rule that emits a value in a better place, an
+        activation before the RESHAPE that fed it, leaves the first one unread): the serializer, which cannot
+        remove, is built again from the record."""
+        live = self._live() | set(self._inputs)
+        if all(name in live for name in self._order):
+            return
+        self.ops = [o for o in self.ops if o.output.name in live]
+        self.producer = {o.output.name: o for o in self.ops}
+        self._order = [name for name in self._order if name in live]
+        self.ser = _new_serializer()
+        block = self.ser.currRegion.currBasicBlock
+        for name in self._order:
+            info = self.info[name]
+            if name in self._inputs:
+                self.ser.addPlaceholder(list(info.shape), info.dtype)
+            elif info.data is not None:
+                self.ser.addConst(list(info.data.shape), info.dtype, info.data, name=name)
+            else:
+                o = self.producer[name]
+                block.addTensor(name, list(info.shape), info.dtype)
+                self.ser.addOperator(getattr(Op, o.op), [i.name for i in o.inputs], [name], o.attr.build(),
+                                     ts.TosaOpLocation(o.location) if o.location else None)
+        for name in self._outputs:
+            self.ser.addOutputTensor(block.getTensorByName(name))
 
     def rescale(self, x: str, scale, out_dtype, in_zp: int = 0, out_zp: int = 0, location: str | None = None) -> str:
         """RESCALE ``x`` by a real ``scale`` (a float, or one per channel along the last dim) to ``out_dtype``;
@@ -229,9 +280,14 @@ class TosaGraph:
     def output(self, name: str) -> None:
         """Mark a tensor as a graph output (in call order)."""
         self.ser.addOutputTensor(self._tensors[name])
+        self._outputs.append(name)
 
     def serialize(self) -> bytes:
         return bytes(self.ser.serialize())
+
+
+def _new_serializer():
+    return ts.TosaSerializer("", targetMajor=1, targetMinor=0, targetPatch=0, targetDraft=False)
 
 
 def isolate(op: EmittedOp) -> bytes:

@@ -26,6 +26,20 @@ class Bmm(nn.Module):
         return torch.bmm(a, b)
 
 
+class ConvMlp(nn.Module):
+    """PVT v2's MLP: tokens to a feature map, a depthwise convolution, back to tokens, GELU, a projection."""
+
+    def __init__(self, c=16, hidden=32, side=6):
+        super().__init__()
+        self.side = side
+        self.fc1, self.dw, self.fc2 = nn.Linear(c, hidden), nn.Conv2d(hidden, hidden, 3, 1, 1, groups=hidden), \
+            nn.Linear(hidden, c)
+
+    def forward(self, x):
+        x = self.fc1(x).transpose(1, 2).reshape(x.shape[0], -1, self.side, self.side)
+        return self.fc2(nn.functional.gelu(self.dw(x).flatten(2).transpose(1, 2)))
+
+
 class Softmax(nn.Module):
     def forward(self, x):
         return torch.softmax(x, dim=-1)
@@ -165,6 +179,7 @@ CASES = {
     "group_norm_group_per_channel": OpCase(lambda: _randomized(nn.GroupNorm(8, 8)), [(1, 8, 4, 4)]),
     "batch_norm2d_input": OpCase(lambda: _randomized(nn.BatchNorm2d(4)), [(1, 4, 6, 6)]),
     "batch_norm1d_after_linear": OpCase(LinearBatchNorm, [(2, 16)]),
+    "conv_mlp_gelu_tokens": OpCase(ConvMlp, [(1, 36, 16)]),
     "softmax": OpCase(Softmax, [(2, 16)]),
     "softmax_4d": OpCase(Softmax, [(1, 2, 8, 8)]),
     "log_softmax": OpCase(LogSoftmax, [(2, 16)]),

@@ -82,9 +82,18 @@ def activation(fp):
     def rule(ctx: Lowering, node: Node) -> Value:
         x = ctx.arg(node.args[0])
         q_out = ctx.q_of(node)
-        if q_out is not None:
+        if q_out is None:
+            return fp(ctx, x, node)
+        base = ctx.g.before_reshapes(x.name)
+        if base == x.name or x.q.dtype != torch.int8:
             return ctx.table(x, _same_function(node), q_out, node=node)
-        return fp(ctx, x, node)
+        # The TABLE goes before the RESHAPEs (elementwise, so the same values), next to the op that computes its
+        # input: Vela runs it as that op's activation, not as an operation of its own (PVT's GELU after its
+        # depthwise convolution, flattened to tokens). The RESHAPEs left unread are pruned.
+        info = ctx.g.info[base]
+        table = ctx.table(Value(base, info.shape, info.dtype, tuple(range(len(info.shape))), x.q),
+                          _same_function(node), q_out, node=node)
+        return ctx.relayout(table, x.shape, x.order, node)
 
     return rule
 
