@@ -306,6 +306,15 @@ def test_relu_that_the_rescale_already_saturates_is_no_clamp_u85():
     assert all(c.passed for c in check_delegates(compiled.edge, inputs))
 
 
+def _ethosu_tosa(compiled):
+    """The TOSA block of a program's one Ethos-U delegate, its operators, and its tensors' shapes by name."""
+    [(tosa, _)] = ethosu_blobs(compiled)
+    block = TosaFlatbuffer.GetRootAs(tosa, 0).Regions(0).Blocks(0)
+    shapes = {block.Tensors(i).Name().decode(): tuple(block.Tensors(i).ShapeAsNumpy()) for i in
+              range(block.TensorsLength())}
+    return block, [block.Operators(i) for i in range(block.OperatorsLength())], shapes
+
+
 @pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
 def test_activation_after_a_reshape_runs_inside_the_convolution_u55_u85(target):
     """PVT v2's GELU reads its depthwise convolution's output flattened to tokens: its TABLE goes before that
@@ -318,9 +327,7 @@ def test_activation_after_a_reshape_runs_inside_the_convolution_u55_u85(target):
     compiled = compile(ConvMlp(32, 64, 14).eval(), inputs, target, quantize=True)
     [delegate] = compiled.edge.delegates
     assert delegate.tosa_ops["TABLE"] == 1 and delegate.report.npu_ops == 3, delegate.report.summary()
-    [(tosa, _)] = ethosu_blobs(compiled)
-    block = TosaFlatbuffer.GetRootAs(tosa, 0).Regions(0).Blocks(0)
-    ops = [block.Operators(i) for i in range(block.OperatorsLength())]
+    block, ops, _ = _ethosu_tosa(compiled)
     read = {op.Inputs(j).decode() for op in ops for j in range(op.InputsLength())}
     read |= {block.Outputs(j).decode() for j in range(block.OutputsLength())}
     assert all(op.Outputs(0).decode() in read for op in ops), "an op nothing reads"
@@ -344,11 +351,7 @@ def test_one_heads_scores_keep_the_keys_innermost_u55_u85(target):
     cycles each), and the program matches the fake-quantized model."""
     inputs = (torch.randn(1, 1, 196, 32), torch.randn(1, 1, 49, 32))
     compiled = compile(OneHeadScores().eval(), inputs, target, quantize=True)
-    [(tosa, _)] = ethosu_blobs(compiled)
-    block = TosaFlatbuffer.GetRootAs(tosa, 0).Regions(0).Blocks(0)
-    shapes = {block.Tensors(i).Name().decode(): tuple(block.Tensors(i).ShapeAsNumpy()) for i in
-              range(block.TensorsLength())}
-    ops = [block.Operators(i) for i in range(block.OperatorsLength())]
+    _, ops, shapes = _ethosu_tosa(compiled)
     subs = [shapes[op.Outputs(0).decode()] for op in ops if op.Op() == Op.SUB]
     assert subs and all(s[-1] == 49 for s in subs), subs
     assert all(c.passed for c in check_delegates(compiled.edge, inputs))
@@ -378,11 +381,7 @@ def test_a_constant_broadcast_over_two_dims_merges_them_u55():
     cycles = {}
     for target in ("ethos-u55-128", "ethos-u85-256"):
         compiled = compile(GroupNormStem().eval(), inputs, target, quantize=True)
-        [(tosa, _)] = ethosu_blobs(compiled)
-        block = TosaFlatbuffer.GetRootAs(tosa, 0).Regions(0).Blocks(0)
-        shapes = {block.Tensors(i).Name().decode(): tuple(block.Tensors(i).ShapeAsNumpy()) for i in
-                  range(block.TensorsLength())}
-        ops = [block.Operators(i) for i in range(block.OperatorsLength())]
+        _, ops, shapes = _ethosu_tosa(compiled)
         ranks = [len(shapes[op.Outputs(0).decode()]) for op in ops if op.Op() in (Op.MUL, Op.ADD)]
         assert (min(ranks) == 2) == (target == "ethos-u55-128"), ranks
         cycles[target] = compiled.edge.delegates[0].report.total_cycles
