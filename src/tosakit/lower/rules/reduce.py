@@ -19,7 +19,7 @@ from ..lowering import NAN_PROPAGATE, Lowering, int_dtype, lowers, make_attr
 from ..tosa_graph import DType, Op, TosaGraph, Value, identity
 from ..transpose import TransposeCase, emit_transpose, transpose_case
 from . import pool
-from .shape import checks, rank_check, squeeze_dims, tile, unsqueeze_dim
+from .shape import checks, rank_check, squeeze_dims, unsqueeze_dim
 
 aten = torch.ops.aten
 REDUCE_ATTR = {
@@ -197,9 +197,10 @@ def _cumsum_check(node: Node, spec) -> str | None:
 
 @lowers(aten.cumsum.default, int16=True, check=checks(_cumsum_check))
 def cumsum(ctx: Lowering, node: Node) -> Value:
-    """Position i sums positions 0..i: x as [before, 1, N, after], tiled N times, times a lower-triangular 0/1
-    constant [1, N, N, 1], then REDUCE_SUM over the input positions. Integers add in int32 (zero point removed)
-    and are rescaled once, exactly."""
+    """Position i sums positions 0..i: x as [before, 1, N, after] times a lower-triangular 0/1 constant
+    [1, N, N, 1], both broadcast (a TILE of x first cost Ethos-U85 35,840 cycles for 32 positions, 5 times the
+    rest of the sum), then REDUCE_SUM over the input positions. Integers add in int32 (zero point removed) and
+    are rescaled once, exactly."""
     x = ctx.arg(node.args[0])
     shape = x.torch_shape or (1,)
     dim = node.args[1] % len(shape)
@@ -211,12 +212,12 @@ def cumsum(ctx: Lowering, node: Node) -> Value:
         v = ctx.emit(Op.CAST, [x], x.shape, DType.INT32, like=x, node=node)
     else:
         v = x
-    v = tile(ctx, ctx.reshape(v, (before, 1, n, after), node), (1, n, 1, 1), node)
+    v = ctx.reshape(v, (before, 1, n, after), node)
     tri = np.tril(np.ones((n, n))).reshape(1, n, n, 1)
     mask = Value(ctx.g.const(tri, v.dtype), tri.shape, v.dtype, identity(4))
     shift = ctx.g.const(np.zeros(1, np.int8), DType.INT8)
-    acc = reduce(ctx, ctx.emit(Op.MUL, [v, mask, shift], v.shape, v.dtype, like=v, node=node), Op.REDUCE_SUM,
-                 [2], node)
+    acc = reduce(ctx, ctx.emit(Op.MUL, [v, mask, shift], (before, n, n, after), v.dtype, like=v, node=node),
+                 Op.REDUCE_SUM, [2], node)
     if x.q is not None:
         acc = ctx.rescale(acc, x.q.s / q_out.s, int_dtype(q_out), 0, q_out.zp, q=q_out, node=node)
     return ctx.reshape(acc, node.meta["val"].shape, node)
