@@ -130,12 +130,14 @@ def activation(fp):
         if q_out is None:
             return fp(ctx, x, node)
         base = ctx.g.before_reshapes(x.name)
-        if base == x.name or x.q.dtype != torch.int8:
+        info = ctx.g.info[base]
+        if base == x.name or x.q.dtype != torch.int8 or info.shape[0] != 1:
             return ctx.table(x, _same_function(node), q_out, node=node)
         # The TABLE goes before the RESHAPEs (elementwise, so the same values), next to the op that computes its
         # input: Vela runs it as that op's activation, not as an operation of its own (PVT's GELU after its
-        # depthwise convolution, flattened to tokens). The RESHAPEs left unread are pruned.
-        info = ctx.g.info[base]
+        # depthwise convolution, flattened to tokens). Not after a batch of rows (a linear layer's [tokens, 1, 1,
+        # C] convolution): Vela fuses it there only past the RESHAPE back to the feature map (ConvNeXt's GELU).
+        # The RESHAPEs left unread are pruned.
         table = ctx.table(Value(base, info.shape, info.dtype, tuple(range(len(info.shape))), x.q),
                           _same_function(node), q_out, node=node)
         return ctx.relayout(table, x.shape, x.order, node)
