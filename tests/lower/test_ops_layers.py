@@ -211,3 +211,29 @@ def test_conv_transpose2d_phases_equal_transpose_conv2d(harness, name, config):
     assert "TRANSPOSE_CONV2D" not in phased.edge.delegates[0].tosa_ops
     for a, b in zip(run_edge(plain.edge, *inputs), run_edge(phased.edge, *inputs)):
         assert torch.equal(a, b)
+
+
+class SwinHead(nn.Module):
+    """torchvision's Swin head: a norm over channels-last features (rolled, as its shifted windows roll them),
+    permuted to channels first, then global average pooling and the classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.pool, self.fc = nn.LayerNorm(8), nn.AdaptiveAvgPool2d(1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.roll(self.norm(x), 1, 1).permute(0, 3, 1, 2)
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def test_pooling_a_permuted_feature_map_delegates_whole_u85(harness):
+    """Decomposing the adaptive pool of a channels-last tensor restrides its [1, C, 1, 1] mean with an
+    as_strided that changes no value: capture drops it (torchvision:swin_t left it, and the mean before it, on the
+    CPU), and the model runs whole on the NPU, integers as the fake-quantized model's (on a 3x3 map: over an even
+    count AVG_POOL2D rounds an exact tie up where torch rounds it to even, a step the classifier then widens)."""
+    from tosakit.capture import capture, export
+
+    module, inputs = SwinHead().eval(), seed_inputs((1, 3, 3, 8))
+    graph = capture(export(module, inputs)).graph_module.graph
+    assert not [n for n in graph.nodes if n.target == torch.ops.aten.as_strided.default]
+    harness.ethosu(module, inputs, "ethos-u85-256")

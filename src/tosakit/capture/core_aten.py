@@ -20,7 +20,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..errors import TosakitError, first_line
 from ..native import captured_output
-from .graph import STATE, WRITES, State, addmm_as_linear
+from .graph import STATE, WRITES, State, addmm_as_linear, drop_identity_restrides
 
 aten = torch.ops.aten
 
@@ -437,5 +437,6 @@ def capture(ep: ExportedProgram, preserve=PRESERVED_OPS) -> CapturedProgram:
     captured = inline_constants(ep, direct)
     user_outputs_only(ep, captured.graph_module)
     addmm_as_linear(captured.graph_module)
+    drop_identity_restrides(captured.graph_module)
     return captured
 

@@ -190,6 +190,26 @@ def addmm_as_linear(gm: GraphModule) -> GraphModule:
     return gm
 
 
+def drop_identity_restrides(gm: GraphModule) -> GraphModule:
+    """An as_strided that gives its input's values in their order (same size, no offset, the same strides on every
+    dim longer than 1) is its input: decomposing an adaptive average pool of a channels-last tensor (torchvision's
+    Swin, pooling after its permute) restrides the [N, C, 1, 1] mean so, and no backend lowers as_strided."""
+    changed = False
+    for node in [n for n in gm.graph.nodes if n.target == aten.as_strided.default]:
+        x, size, stride = node.args[:3]
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or list(val.shape) != list(size) or offset not in (None, 0):
+            continue
+        if all(s == t for d, s, t in zip(size, stride, val.stride()) if d != 1):
+            node.replace_all_uses_with(x)
+            gm.graph.erase_node(node)
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
+
+
 def vector_norm_args(node: torch.fx.Node) -> tuple[torch.fx.Node, float | None, list[int], bool]:
     """(x, order, dims, keepdim) of ``linalg_vector_norm``: dims sorted, every dim when none are named; the order
     None when a dtype conversion comes with it."""
