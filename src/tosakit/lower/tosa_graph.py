@@ -158,7 +158,6 @@ class TosaGraph:
     def __init__(self):
         self.ser = _new_serializer()
         self._consts: dict[tuple, str] = {}
-        self._tensors: dict[str, object] = {}
         self._order: list[str] = []  # every tensor, as emitted
         self._inputs: list[str] = []
         self._outputs: list[str] = []
@@ -168,7 +167,6 @@ class TosaGraph:
 
     def input(self, shape, dtype) -> str:
         t = self.ser.addPlaceholder(list(shape), dtype)
-        self._tensors[t.name] = t
         self._order.append(t.name)
         self._inputs.append(t.name)
         self.info[t.name] = TensorInfo(t.name, tuple(shape), dtype)
@@ -198,7 +196,6 @@ class TosaGraph:
     def op(self, op, inputs, shape, dtype, attr: Attr | None = None, location: str | None = None) -> str:
         """Add ``op`` with a fresh output tensor; returns the output name."""
         out = self.ser.addIntermediate(list(shape), dtype)
-        self._tensors[out.name] = out
         self._order.append(out.name)
         attr = attr or Attr(_attr_name(op))
         loc = ts.TosaOpLocation(location) if location else None
@@ -279,7 +276,7 @@ class TosaGraph:
 
     def output(self, name: str) -> None:
         """Mark a tensor as a graph output (in call order)."""
-        self.ser.addOutputTensor(self._tensors[name])
+        self.ser.addOutputTensor(self.ser.currRegion.currBasicBlock.getTensorByName(name))
         self._outputs.append(name)
 
     def serialize(self) -> bytes:

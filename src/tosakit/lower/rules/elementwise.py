@@ -48,8 +48,8 @@ def broadcast(ctx: Lowering, *vals: Value) -> list[Value]:
 def merged_broadcast(shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
     """Operand shapes of one broadcasting elementwise op with each run of adjacent dims that every operand keeps
     whole or broadcasts alike merged into one dim (size-1 dims of the result dropped); None when no two dims merge
-    or nothing broadcasts. Ethos-U55 reads a constant broadcast over H and W once per row: a [1, 64, 1, 1] constant
-    times [1, 64, 112, 112] takes 6.4 M cycles, as [1, 64, 1] times [1, 64, 12544] 1.6 M (the same on Ethos-U85)."""
+    or nothing broadcasts. Vela's Ethos-U55 reads a constant broadcast over two dims again and again: a
+    [1, 64, 1, 1] constant times [1, 64, 112, 112] takes 6.4 M cycles, as [1, 64, 1] times [1, 64, 12544] 1.6 M."""
     out = [max(dims) for dims in zip(*shapes)]
     dims = [d for d, size in enumerate(out) if size != 1]
     runs: list[list[int]] = []
@@ -78,9 +78,10 @@ def _constant(ctx: Lowering, v: Value) -> bool:
 def binary(ctx: Lowering, op, vals: list[Value], shape, dtype, q: QParams | None = None,
            node: Node | None = None) -> Value:
     """``op`` on operands of one rank and layout (MUL gains its shift). On Ethos-U55/U65, when a constant that is
-    no single number broadcasts, the operands go in at their merged shapes (``merged_broadcast``) and the result comes back by a
-    RESHAPE. Only then: an operand in SRAM costs the same either way, Ethos-U85 reads a constant as fast in any
-    shape, and a RESHAPE after an op keeps Vela from writing its result into a following PAD's buffer."""
+    no single number broadcasts, the operands go in at their merged shapes (``merged_broadcast``) and the result
+    comes back by a RESHAPE. Only then: an operand in SRAM costs the same either way, Ethos-U85 reads a constant
+    as fast in any shape, and a RESHAPE after an op keeps Vela from writing its result into a following PAD's
+    buffer."""
     extra = [ctx.g.const(np.zeros(1, np.int8), DType.INT8)] if op == Op.MUL else []
     merged = merged_broadcast([v.shape for v in vals]) if ctx.spec.is_u55_subset else None
     out_shape = tuple(max(dims) for dims in zip(*merged)) if merged else None
