@@ -181,6 +181,28 @@ def test_weight_streams_found_ahead_are_the_ones_the_run_reads(target, memory_mo
     assert ahead and ahead == list(dict.fromkeys(read))
 
 
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_a_program_run_again_decodes_no_weights_when_they_fit_the_cache_once(target, monkeypatch):
+    """The decoded-weight cache holds a byte per int8 weight, keyed by a digest of its stream: with a budget
+    of 1.1 bytes per weight, a second run decodes nothing (a 1-layer SmolLM2's 28M-weight lm_head was decoded
+    on every call when the cache kept int16 values and the stream bytes)."""
+    model, inputs = MODELS["mv2"].factory()
+    [(_, payload)] = delegates(model, inputs, target, key="mv2")
+    weight_count = sum(m.weight.numel() for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
+    monkeypatch.setattr(weights._Decoded, "BUDGET", int(1.1 * weight_count))
+    misses = []
+    for name in ("_decode", "_decode_u85"):
+        monkeypatch.setattr(weights, name, lambda *args, original=getattr(weights, name): misses.append(1) or
+                            original(*args))
+    weights.clear_caches()
+    first = simulate(payload, npu_inputs(payload, seed=0)).outputs
+    assert len(misses) > 40  # mv2's 52 convolutions and its classifier, some split by Vela
+    misses.clear()
+    second = simulate(payload, npu_inputs(payload, seed=0)).outputs
+    assert misses == [] and weights._DECODED.nbytes <= 1.01 * weight_count  # a byte per weight
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
 def test_fast_scratch_is_what_vela_planned():
     """The fast scratch a payload does not size: the simulator lends what the stream addresses (Wav2Letter's
     Dedicated_Sram stream on a 400-sample input, 13.3 MiB, ran out of a fixed 2 MiB), reports it, and it lies within

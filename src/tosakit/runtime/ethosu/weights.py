@@ -17,6 +17,7 @@ accumulator). Facts from regor's Ethos-U85 weight encoder, each checked against 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -146,8 +147,9 @@ class _Layout:
 
 
 class _Decoded:
-    """Decoded weight tensors by (stream bytes, layout), least recently used dropped past a byte budget: a
-    program run again decodes nothing (the key is the content, so weights DMA'd into scratch are safe)."""
+    """Decoded weight tensors by (digest of the stream bytes, layout), least recently used dropped past a byte
+    budget: a program run again decodes nothing (the key is the content, so weights DMA'd into scratch are safe).
+    Values are kept in the narrowest integer type that holds them, so a 28M-weight lm_head stays cached."""
 
     BUDGET = 64 << 20
 
@@ -162,28 +164,34 @@ class _Decoded:
         return found
 
     def has_stream(self, data: bytes) -> bool:
-        return any(key[0] == data if isinstance(key[0], bytes) else data in key[0] for key in self.items)
+        digest = stream_digest(data)
+        return any(key[0] == digest if isinstance(key[0], bytes) else digest in key[0] for key in self.items)
 
-    def put(self, key, weights: np.ndarray) -> None:
+    def put(self, key, weights: np.ndarray) -> np.ndarray:
+        """Keep ``weights`` (int8 when they fit) under ``key``; the kept array."""
+        if weights.size and -128 <= weights.min() and weights.max() <= 127:
+            weights = weights.astype(np.int8)
         self.items[key] = weights
-        self.nbytes += weights.nbytes + _key_bytes(key)
+        self.nbytes += weights.nbytes
         while self.nbytes > self.BUDGET and len(self.items) > 1:
-            old_key, old = self.items.popitem(last=False)
-            self.nbytes -= old.nbytes + _key_bytes(old_key)
+            _, old = self.items.popitem(last=False)
+            self.nbytes -= old.nbytes
+        return weights
 
 
 _DECODED = _Decoded()
 
 
-def _key_bytes(key) -> int:
-    """The stream bytes a cache key holds (one stream, or a tuple of them for U85's cores)."""
-    return len(key[0]) if isinstance(key[0], bytes) else sum(map(len, key[0]))
+def stream_digest(data: bytes) -> bytes:
+    """The content key of one weight stream."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def clear_caches() -> None:
     """Forget every decoded stream and brick order: the next run is a program's first."""
     _DECODED.__init__()
     brick_order.cache_clear()
+    _u85_order.cache_clear()
 
 
 def decoded(data: bytes) -> bool:
@@ -198,18 +206,18 @@ def decode_weights(data: bytes, *, kernel_h: int, kernel_w: int, ifm_depth: int,
     """The [OFM, KH, KW, IFM] weights (IFM 1 for depthwise; int64, zero point already taken off) of a
     compressed weight stream, as the registers of the operation describe it; decoded by Vela's codec in its
     own process (``codec``), giving up past ``deadline``."""
-    key = (bytes(data), kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order,
-           decomposition, dilation, ifm_bits, ofm_ublock_depth(accelerator))
+    layout = (kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order, decomposition,
+              dilation, ifm_bits, ofm_ublock_depth(accelerator))
+    key = (stream_digest(data), *layout)
     found = _DECODED.get(key)
     if found is None:
-        found = _decode(key, deadline)
-        _DECODED.put(key, found)
+        found = _DECODED.put(key, _decode(bytes(data), layout, deadline))
     return found.astype(np.int64)
 
 
-def _decode(key, deadline: float | None) -> np.ndarray:
-    (data, kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order, decomposition,
-     dilation, ifm_bits, ofm_ublock) = key
+def _decode(data: bytes, layout: tuple, deadline: float | None) -> np.ndarray:
+    (kernel_h, kernel_w, ifm_depth, ofm_depth, ofm_block_depth, depthwise, weight_order, decomposition,
+     dilation, ifm_bits, ofm_ublock) = layout
     values = CODEC.decode(data, deadline)
     need = ofm_depth * kernel_h * kernel_w * (1 if depthwise else ifm_depth)
     if values.size < need:  # checked before the brick order is built: a damaged stream's shape can be huge
@@ -345,29 +353,28 @@ def _u85_order(layout: U85Layout, core: int) -> np.ndarray:
                 width = min(L.kernel_w - kx0, sub_w)
                 for ky0 in range(0, L.kernel_h, sub_h):
                     height = min(L.kernel_h - ky0, sub_h)
-                    for ifm_u in range(0, ifm_left, ifm_ublock):
-                        for ofm_u in range(0, ofm_left, L.ublock):
-                            left = -(-(width * height) // rounding) * rounding
-                            ofm = ofm_z + ofm_u + d_ofm
-                            ifm = ifm_z + ifm_u + d_ifm
-                            valid = (ofm < L.ofm_depth) & (ifm < L.ifm_depth)
-                            base = np.where(valid, ofm * L.kernel_h * L.kernel_w * L.ifm_depth + ifm, -1)
-                            for py in range(sy):
-                                rows = (height + sy - 1 - py) // sy
-                                for px in range(sx):
-                                    cols = (width + sx - 1 - px) // sx
-                                    for row in range(rows):
-                                        for col in range(cols):
-                                            x = col if row % 2 == 0 else cols - 1 - col  # serpentine rows
-                                            ky, kx = ky0 + py + row * sy, kx0 + px + x * sx
-                                            pieces.append(np.where(valid, base + (ky * L.kernel_w + kx) * L.ifm_depth,
-                                                                   -1))
-                                            left -= 1
-                                            if depthwise and left % rounding == 0 and dw_pad:
-                                                pieces.append(np.full(dw_pad * L.ublock // L.cores, -1))
-                            if left > 0:
-                                pad = (left + (dw_pad if depthwise else 0)) * per_element
-                                pieces.append(np.full(pad, -1))
+                    # Every micro-block (IFM outer, OFM inner) walks the sub-kernel alike: one array for all.
+                    ofm = ofm_z + np.arange(0, ofm_left, L.ublock)[None, :, None] + d_ofm
+                    ifm = ifm_z + np.arange(0, ifm_left, ifm_ublock)[:, None, None] + d_ifm
+                    valid = (ofm < L.ofm_depth) & (ifm < L.ifm_depth)
+                    base = np.where(valid, ofm * L.kernel_h * L.kernel_w * L.ifm_depth + ifm, -1)
+                    pad = lambda n: np.full(valid.shape[:2] + (n,), -1)  # noqa: E731
+                    walk, left = [], -(-(width * height) // rounding) * rounding
+                    for py in range(sy):
+                        rows = (height + sy - 1 - py) // sy
+                        for px in range(sx):
+                            cols = (width + sx - 1 - px) // sx
+                            for row in range(rows):
+                                for col in range(cols):
+                                    x = col if row % 2 == 0 else cols - 1 - col  # serpentine rows
+                                    ky, kx = ky0 + py + row * sy, kx0 + px + x * sx
+                                    walk.append(np.where(valid, base + (ky * L.kernel_w + kx) * L.ifm_depth, -1))
+                                    left -= 1
+                                    if depthwise and left % rounding == 0 and dw_pad:
+                                        walk.append(pad(dw_pad * L.ublock // L.cores))
+                    if left > 0:
+                        walk.append(pad((left + (dw_pad if depthwise else 0)) * per_element))
+                    pieces.append(np.concatenate(walk, axis=2).reshape(-1))
     order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     order.flags.writeable = False  # shared through the cache
     return order
@@ -401,11 +408,11 @@ def decode_weights_u85(streams: list[bytes], layout: U85Layout, fwd: bool,
                        deadline: float | None = None) -> np.ndarray:
     """The [OFM, KH, KW, IFM] weights (int64; IFM 1 for depthwise) of an Ethos-U85 operation's weight streams
     (one per core for SWD, one for FWD)."""
-    key = (tuple(bytes(d) for d in streams), layout, fwd)
+    streams = tuple(bytes(d) for d in streams)
+    key = (tuple(map(stream_digest, streams)), layout, fwd)
     found = _DECODED.get(key)
     if found is None:
-        found = _decode_u85(key[0], layout, fwd, deadline)
-        _DECODED.put(key, found)
+        found = _DECODED.put(key, _decode_u85(streams, layout, fwd, deadline))
     return found.astype(np.int64)
 
 
