@@ -9,6 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
+from .backends.cortex_m.passes import pipeline as cortex_m_pipeline
 from .backends.ethosu import EthosUPartitioner
 from .backends.vgf import VgfPartitioner
 from .capture import export, own_state
@@ -17,7 +18,7 @@ from .lower import TOSAPartitioner
 from .program import EdgeProgramManager, ExecutorchProgramManager, to_edge_transform_and_lower
 from .quantize import EthosUQuantizer, QuantizationConfig, TOSAQuantizer, VgfQuantizer
 from .quantize.config import get_symmetric_quantization_config
-from .specs import ArmCompileSpec, EthosUCompileSpec, VgfCompileSpec, compile_spec_for_target
+from .specs import ArmCompileSpec, CortexMCompileSpec, EthosUCompileSpec, VgfCompileSpec, compile_spec_for_target
 
 
 def quantizer_for(spec: ArmCompileSpec) -> TOSAQuantizer:
@@ -48,6 +49,16 @@ class Compiled:
 StageCallback = Callable[[str], None]
 
 
+def channels_last(model: torch.nn.Module, example_inputs: tuple) -> tuple[torch.nn.Module, tuple]:
+    """A copy of ``model`` and the inputs with every 4-D tensor channels-last (the user's model is left as it was)."""
+    import copy
+
+    def convert(x):
+        return x.contiguous(memory_format=torch.channels_last) if isinstance(x, torch.Tensor) and x.dim() == 4 else x
+
+    return copy.deepcopy(model).to(memory_format=torch.channels_last), tuple(convert(x) for x in example_inputs)
+
+
 def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompileSpec,
                    config: QuantizationConfig | None = None,
                    calibration: Iterable[tuple] | None = None,
@@ -58,6 +69,8 @@ def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompi
         raise TosakitError(f"cannot quantize for {spec.target_name}: it has no integer TOSA profile",
                            "choose TOSA-1.0+INT, vgf or an Ethos-U target, or do not quantize")
     quantizer = quantizer_for(spec).set_global(config or get_symmetric_quantization_config(is_per_channel=True))
+    if isinstance(spec, CortexMCompileSpec) and config is None:  # CMSIS-NN's fully connected: one weight scale
+        quantizer.set_module_type(torch.nn.Linear, get_symmetric_quantization_config(is_per_channel=False))
     for name, module_config in (module_configs or {}).items():
         quantizer.set_module_name(name, module_config)
     gm = own_state(export(model, example_inputs).module())
@@ -77,6 +90,9 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
     ``verify_layers``)."""
     spec = target if isinstance(target, ArmCompileSpec) else compile_spec_for_target(target)
     step = progress or (lambda stage: None)
+    direct = isinstance(spec, CortexMCompileSpec)
+    if direct and not isinstance(model, ExportedProgram):  # CMSIS-NN reads feature maps channels-last
+        model, example_inputs = channels_last(model, example_inputs)
     if isinstance(model, ExportedProgram):
         if quantize:
             raise TosakitError("an exported program cannot be quantized: it is lowered as it is",
@@ -91,9 +107,10 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
             step("quantize")
             quantized = quantize_model(model, example_inputs, spec, config, calibration, module_configs)
         ep = export(quantized if quantized is not None else model, example_inputs)
-    partitioners = [partitioner_for(spec, additional_checks)] if delegate else []
+    partitioners = [partitioner_for(spec, additional_checks)] if delegate and not direct else []
     step("lower")
-    edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
+    edge = to_edge_transform_and_lower(ep, partitioner=partitioners,
+                                       transform_passes=cortex_m_pipeline(spec.isa) if direct else None)
     compiled = Compiled(spec, quantized, edge, edge.to_executorch())
     if verify_on is not None:
         from .verify.run import verify

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import TosakitError, did_you_mean
-from .targets import ETHOSU_TARGETS, VGF_TARGET, Target, parse_target
+from .targets import CORTEX_M_ISA, ETHOSU_TARGETS, VGF_TARGET, Target, parse_target
 
 
 @dataclass(frozen=True)
@@ -262,6 +262,28 @@ class VgfCompileSpec(ArmCompileSpec):
         return "vgf"
 
 
+class CortexMCompileSpec(ArmCompileSpec):
+    """The direct flow on a Cortex-M core: no delegate; quantized patterns become ExecuTorch's ``cortex_m::``
+    kernels (CMSIS-NN), for the class of kernels the core runs (``isa``: SCALAR, DSP or MVE; by default the
+    core's best, a lesser one for a core built without its extension)."""
+
+    backend_id = "CortexM"
+
+    def __init__(self, target: str = "cortex-m55", isa: str | None = None):
+        core = flag_choice("--target", target.strip().lower(), CORTEX_M_ISA)
+        order = ("SCALAR", "DSP", "MVE")
+        best = CORTEX_M_ISA[core]
+        if isa is not None and (isa not in order or order.index(isa) > order.index(best)):
+            raise TosakitError(f"{core} cannot run {isa} kernels: it runs {', '.join(order[:order.index(best) + 1])}",
+                               "choose one of those, or leave the instruction set to the core")
+        super().__init__(tosa_spec=TosaSpecification.create_from_string("TOSA-1.0+INT"))  # what its quantizer reads
+        self.target, self.isa = core, isa or best
+
+    @property
+    def target_name(self) -> str:
+        return self.target
+
+
 class EthosUCompileSpec(ArmCompileSpec):
     """Compile spec for an Ethos-U NPU, compiled by Vela."""
 
@@ -367,6 +389,8 @@ def compile_spec_for_target(
 ) -> ArmCompileSpec:
     """The compile spec for a CLI target name (ethos-u*, vgf, TOSA-1.0+INT/FP); the Vela options are for
     Ethos-U targets only."""
+    if target.strip().lower() in CORTEX_M_ISA:
+        return CortexMCompileSpec(target)
     record = ETHOSU_TARGETS.get(target.strip().lower())
     if record is not None:
         return EthosUCompileSpec(record.name, system_config, memory_mode, extra_flags, config_ini, optimise,

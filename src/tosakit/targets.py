@@ -51,7 +51,12 @@ ETHOSU_TARGETS: dict[str, Target] = {
 }
 VGF_TARGET = Target("vgf", "TOSA-1.0+FP+INT+int4+int16")
 TOSA_TARGETS = ("TOSA-1.0+INT", "TOSA-1.0+FP")
-ALL_TARGETS = (*ETHOSU_TARGETS, VGF_TARGET.name, *TOSA_TARGETS)
+# Cortex-M cores and the class of CMSIS-NN kernels each runs (ExecuTorch 1.5.1's table): scalar code, the DSP
+# extension, or MVE (Helium).
+CORTEX_M_ISA = {"cortex-m0": "SCALAR", "cortex-m0plus": "SCALAR", "cortex-m3": "SCALAR", "cortex-m23": "SCALAR",
+                "cortex-m4": "DSP", "cortex-m7": "DSP", "cortex-m33": "DSP", "cortex-m35p": "DSP",
+                "cortex-m55": "MVE", "cortex-m85": "MVE"}
+ALL_TARGETS = (*ETHOSU_TARGETS, VGF_TARGET.name, *TOSA_TARGETS, *CORTEX_M_ISA)
 
 
 def parse_target(text: str) -> Target:

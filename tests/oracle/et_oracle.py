@@ -108,13 +108,36 @@ def export_ethosu(args):
     return export_job(vars(args))
 
 
+def cortex_m_op(args):
+    """et_cortex_m.py's operator job."""
+    from et_cortex_m import cortex_m_op as job
+
+    return job(vars(args))
+
+
+def cortex_m_schemas(args):
+    """et_cortex_m.py's schema job."""
+    from et_cortex_m import cortex_m_schemas as job
+
+    return job(vars(args))
+
+
+def cortex_m_export(args):
+    """et_cortex_m.py's export job (ExecuTorch's Cortex-M flow) for one model."""
+    from et_cortex_m import cortex_m_export as job
+
+    return job(vars(args))
+
+
 def serve(_args):
     """One result line per request line; the runtime's own log of a refused request comes with its error."""
     import os
     import tempfile
     import types
 
-    commands = {"load": load, "run": run, "run_calls": run_calls, "export": export, "kernels": kernels, "export_ethosu": export_ethosu}
+    commands = {"load": load, "run": run, "run_calls": run_calls, "export": export, "kernels": kernels, "export_ethosu": export_ethosu,
+                "cortex_m_op": cortex_m_op, "cortex_m_export": cortex_m_export,
+                "cortex_m_schemas": cortex_m_schemas}
     for line in sys.stdin:
         request = json.loads(line)
         log = tempfile.TemporaryFile()

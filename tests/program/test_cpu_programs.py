@@ -152,7 +152,7 @@ def test_kernel_list_is_the_runtimes(et_oracle):
 
     namespaces = ("aten", "quantized_decomposed", "dim_order_ops")
     registered = {k for k in et_oracle.kernels() if k.split("::")[0] in namespaces}
-    ours = runtime_kernels()
+    ours = {k for k in runtime_kernels() if k.split("::")[0] in namespaces}  # cortex_m: test_cortex_m_ops
     assert ours == registered, (sorted(ours - registered), sorted(registered - ours))
 
 
@@ -162,7 +162,7 @@ def test_kernel_schemas_are_the_runtimes(et_oracle):
     from tosakit.program.kernels import kernel_schemas
 
     theirs = et_oracle.kernel_schemas()
-    ours = kernel_schemas()
+    ours = {k: v for k, v in kernel_schemas().items() if not k.startswith("cortex_m::")}  # test_cortex_m_ops
     text = (Path(__file__).resolve().parents[2] / "src/tosakit/program/kernels.txt").read_text()
     lines = {ln.split("(")[0]: ln for ln in text.splitlines() if ln and not ln.startswith("#")}
     assert {k: lines[k] for k in ours} == {k: theirs[k] for k in ours}

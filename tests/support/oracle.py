@@ -142,6 +142,43 @@ class EtOracle:
                                     memory_mode=memory_mode, out=folder, quantized=quantized,
                                     model_converter=converter)
 
+    def cortex_m_op(self, op: str, cases: list[list], folder: str | os.PathLike) -> list:
+        """ExecuTorch's reference implementation of ``cortex_m::op`` on each argument list of ``cases``; the
+        results."""
+        import torch
+
+        folder = Path(folder)
+        saved, out = folder / f"{op}.args.pt", folder / f"{op}.out.pt"
+        torch.save([list(args) for args in cases], saved)
+        self._exporting()._call("cortex_m_op", op=op, args=saved, out=out)
+        return torch.load(out)
+
+    def cortex_m_export(self, module, inputs, folder: str | os.PathLike, target: str = "cortex-m55",
+                        name: str = "model", quantized: bool = False) -> dict:
+        """A program made by ExecuTorch's Cortex-M flow (tests/oracle/et_cortex_m.py) from ``module`` (a float
+        model, channels-last, or with ``quantized`` a quantized graph it only lowers); its result: {"pte",
+        "quantized", "calls": [{"op", "args"}], "constants"}."""
+        import torch
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        inputs = tuple(inputs)
+        model, saved_inputs = folder / f"{name}.pt2", folder / f"{name}.inputs.pt"
+        torch.export.save(torch.export.export(module, inputs), model)
+        torch.save(inputs, saved_inputs)
+        return self._exporting()._call("cortex_m_export", name=name, model=model, inputs=saved_inputs,
+                                       target=target, out=folder, quantized=quantized)
+
+    def cortex_m_schemas(self, ops: list[str]) -> dict[str, str]:
+        """Each ``cortex_m::op.out`` schema as ExecuTorch 1.5.1 registers it."""
+        return self._exporting()._call("cortex_m_schemas", ops=list(ops))["schemas"]
+
+    def _exporting(self) -> "EtOracle":
+        """The process that imports ExecuTorch's backends (kept apart from the runtime oracle's)."""
+        if self._exporter is None:
+            self._exporter = EtOracle(self.python)
+        return self._exporter
+
     def export(self, model_source: str, out_pte: str | os.PathLike) -> Path:
         """A .pte made by ExecuTorch itself; ``model_source`` defines ``model`` and ``example_inputs``."""
         out_pte = Path(out_pte)

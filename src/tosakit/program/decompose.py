@@ -15,6 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..capture import source_of
 from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError, first_line
 from ..partition import NodePlacement
+from ..backends.cortex_m.ops import scratch_buffer
 from .emit import executorch_call_delegate, out_schema
 
 # Rounds of decomposition one op may take before its pieces all have kernels.
@@ -137,7 +138,8 @@ def decompose_for_runtime(gm: GraphModule, placements: list[NodePlacement] | Non
     """Decompose every CPU op that has no ExecuTorch kernel; refuse one that neither has nor decomposes."""
     _contiguous_inputs(gm)
     pending = [(n, 0, n.name) for n in gm.graph.nodes if n.op == "call_function"
-               and n.target not in (operator.getitem, executorch_call_delegate) and not has_kernel(n.target)]
+               and n.target not in (operator.getitem, executorch_call_delegate, scratch_buffer)
+               and not has_kernel(n.target)]
     pieces: dict[str, list[str]] = {}
     while pending:
         node, depth, origin = pending.pop(0)

@@ -9,6 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
+from ..backends.cortex_m.ops import scratch_buffer
 from ..capture import STATE, graph_attr, state_writes
 from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import NHWC, identity, storage_order
@@ -348,6 +349,8 @@ class Emitter:
                     self.node_value[node] = self._constant(value)
             elif node.op == "call_function" and node.target is executorch_call_delegate:
                 self._delegate_call(node)
+            elif node.op == "call_function" and node.target is scratch_buffer:  # planned; no instruction writes it
+                self.node_value[node] = self._tensor_value(node.meta["val"], planned=True)
             elif node.op == "call_function" and node.target is operator.getitem:
                 self.node_value[node] = self.node_value[node.args[0]][node.args[1]]
                 if isinstance(node.meta.get("val"), torch.Tensor):  # a delegate's output, as it declares it

@@ -109,10 +109,13 @@ def parse_schema(line: str) -> KernelSchema:
     return KernelSchema(head, tuple(args), returns.strip())
 
 
+KERNEL_FILES = ("kernels.txt", "kernels_cortex_m.txt")  # the portable and quantized libraries; the Cortex-M one
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_schemas() -> dict[str, KernelSchema]:
     """'aten::add.out' -> its schema, for every kernel ExecuTorch's CPU runtime registers."""
-    text = (Path(__file__).parent / "kernels.txt").read_text()
+    text = "\n".join((Path(__file__).parent / name).read_text() for name in KERNEL_FILES)
     schemas = [parse_schema(ln.strip()) for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     return {s.key: s for s in schemas}
 

@@ -47,6 +47,8 @@ class Kernel:
             return
         name, _, overload = self.key.partition(".")
         namespace, _, op = name.partition("::")
+        if namespace == "cortex_m":
+            from ..backends.cortex_m import ops  # noqa: F401  (registers the operators with torch)
         try:
             if self.functional:
                 self.op = getattr(torch.ops.quantized_decomposed, FUNCTIONAL_OUT[self.key]).default

@@ -1,0 +1,260 @@
+"""The Cortex-M flow's passes: each quantized pattern (dequantize -> op [-> relu/clamp] -> quantize) that a CMSIS-NN
+kernel computes becomes one ``cortex_m::`` call with ExecuTorch 1.5.1's integer arguments; the quantize/dequantize
+left at the program's edges become ``cortex_m::`` ones. Anything else stays a portable kernel. ``pipeline(isa)``
+is the list, in order."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+from torch.fx import GraphModule, Node
+
+from ...capture.graph import graph_attr
+from ...quantize.qdq import PASSTHROUGH, QParams, is_dequantize, is_quantize, qparams_of
+from .ops import multiplier_shift, scratch_buffer
+from .scratch import conv_scratch, depthwise_scratch
+
+aten = torch.ops.aten
+cm = torch.ops.cortex_m
+INT8 = (torch.int8, -128, 127)
+# Activations a kernel's output bounds absorb: (low, high) in real numbers from the node's arguments.
+ACTIVATIONS: dict = {aten.relu.default: lambda n: (0.0, None), aten.hardtanh.default: lambda n: (n.args[1], n.args[2]),
+                     aten.clamp.default: lambda n: (n.args[1], n.args[2] if len(n.args) > 2 else None)}
+
+
+def _int8_tensor(node) -> QParams | None:
+    """Per-tensor int8 qparams of a quantize/dequantize node, else None."""
+    if not (is_quantize(node) or is_dequantize(node)) or node.target not in (
+            torch.ops.quantized_decomposed.quantize_per_tensor.default,
+            torch.ops.quantized_decomposed.dequantize_per_tensor.default):
+        return None
+    q = qparams_of(node)
+    return q if (q.dtype, q.qmin, q.qmax) == INT8 else None
+
+
+def _output(node: Node) -> tuple[Node, QParams, int, int] | None:
+    """The quantize that ends ``node``'s pattern (through one absorbed activation), its qparams and the int8
+    bounds the activation leaves."""
+    users = list(node.users)
+    if len(users) != 1:
+        return None
+    bounds = (None, None)
+    if users[0].target in ACTIVATIONS and len(users[0].users) == 1:
+        bounds, users = ACTIVATIONS[users[0].target](users[0]), list(users[0].users)
+    q = _int8_tensor(users[0])
+    if q is None or not isinstance(bounds[0], (int, float, type(None))):
+        return None
+    low, high = q.qmin, q.qmax
+    if bounds[0] is not None:
+        low = max(low, int(q.quantize(torch.tensor(float(bounds[0])))))
+    if bounds[1] is not None:
+        high = min(high, int(q.quantize(torch.tensor(float(bounds[1])))))
+    return users[0], q, low, high
+
+
+def _input(node) -> tuple[Node, QParams] | None:
+    """The int8 tensor a per-tensor dequantize reads, and its qparams."""
+    q = _int8_tensor(node) if isinstance(node, Node) and is_dequantize(node) else None
+    return (node.args[0], q) if q is not None else None
+
+
+def _constant(gm: GraphModule, dq: Node) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(integer values, scales, zero points) of a dequantized constant (per-tensor or per-channel)."""
+    if not (isinstance(dq, Node) and is_dequantize(dq) and dq.args[0].op == "get_attr"):
+        return None
+    q = qparams_of(dq, gm)
+    return (graph_attr(gm, dq.args[0]), torch.as_tensor(q.scale, dtype=torch.float64).reshape(-1),
+            torch.as_tensor(q.zero_point).reshape(-1))
+
+
+def _attr(gm: GraphModule, name: str, value: torch.Tensor, before: Node) -> Node:
+    """A new constant, read by a get_attr placed before ``before``."""
+    gm.register_buffer(name, value.contiguous())
+    with gm.graph.inserting_before(before):
+        node = gm.graph.get_attr(name)
+    node.meta["val"] = value
+    return node
+
+
+def _replace(gm: GraphModule, output: Node, target, args: tuple) -> Node:
+    """``target(*args)`` in place of the pattern ending at quantize ``output``."""
+    with gm.graph.inserting_before(output):
+        node = gm.graph.call_function(target, args)
+    node.meta = {**output.meta}
+    output.replace_all_uses_with(node)
+    return node
+
+
+def _scratch(gm: GraphModule, size: int, before: Node) -> Node:
+    with gm.graph.inserting_before(before):
+        node = gm.graph.call_function(scratch_buffer, (size,))
+    node.meta["val"] = torch.empty(size, dtype=torch.uint8)
+    return node
+
+
+def _requantize(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    pairs = [multiplier_shift(float(s)) for s in scales]
+    return (torch.tensor([m for m, _ in pairs], dtype=torch.int32),
+            torch.tensor([s for _, s in pairs], dtype=torch.int32))
+
+
+def convolution(gm: GraphModule, isa: str) -> GraphModule:
+    """dq -> convolution (int8 weights, zero point 0; int32 bias) -> q: quantized_conv2d (OHWI weights) or, for a
+    one-image depthwise, quantized_depthwise_conv2d (IHWO)."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.convolution.default or node.args[6]:
+            continue
+        x, weight, bias = _input(node.args[0]), _constant(gm, node.args[1]), node.args[2]
+        end = _output(node)
+        bias_c = _constant(gm, bias) if bias is not None else None
+        if x is None or weight is None or end is None or (bias is not None and bias_c is None) or \
+                weight[0].dim() != 4 or bool((weight[2] != 0).any()):
+            continue
+        (src, qin), (w, w_scales, _), (out, qout, low, high) = x, weight, end
+        stride, padding, dilation, groups = node.args[3], node.args[4], node.args[5], node.args[8]
+        cin, cout, kh, kw = src.meta["val"].shape[1], w.shape[0], w.shape[2], w.shape[3]
+        mult, shift = _requantize(qin.s * w_scales.expand(cout) / qout.s)
+        prefix = f"_cortex_m_{node.name}"
+        depthwise = groups == cin and cout % cin == 0 and out.meta["val"].shape[0] == 1
+        values = bias_c[0].to(torch.int32) if bias_c is not None else (
+            torch.zeros(cout, dtype=torch.int32) if groups > 1 else None)
+        b = _attr(gm, prefix + "_bias", values, node) if values is not None else None
+        m, s = _attr(gm, prefix + "_mult", mult, node), _attr(gm, prefix + "_shift", shift, node)
+        in_shape = tuple(src.meta["val"].shape)
+        if depthwise:
+            w_node = _attr(gm, prefix + "_weight", w.permute(1, 2, 3, 0).to(torch.int8), node)
+            size = depthwise_scratch(isa, in_shape, (kh, kw), cout // cin, tuple(dilation), tuple(padding))
+            args = (src, w_node, b, stride, padding, dilation, cout // cin, -qin.zp, qout.zp, m, s, low, high,
+                    _scratch(gm, size, node))
+            _replace(gm, out, cm.quantized_depthwise_conv2d.default, args)
+        else:
+            w_node = _attr(gm, prefix + "_weight", w.permute(0, 2, 3, 1).to(torch.int8), node)
+            size = conv_scratch(isa, (kh, kw, cin // groups), tuple(padding), tuple(stride))
+            args = (src, w_node, b, stride, padding, dilation, -qin.zp, qout.zp, m, s, low, high,
+                    _scratch(gm, size, node))
+            _replace(gm, out, cm.quantized_conv2d.default, args)
+    return _clean(gm)
+
+
+def linear(gm: GraphModule, isa: str) -> GraphModule:
+    """dq -> linear (per-tensor int8 weights, zero point 0) -> q: quantized_linear; on MVE the input offset and the
+    bias fold into a kernel sum, elsewhere the int32 bias is passed."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.linear.default:
+            continue
+        x, weight = _input(node.args[0]), _constant(gm, node.args[1])
+        bias = node.args[2] if len(node.args) > 2 else None
+        bias_c = _constant(gm, bias) if bias is not None else None
+        end = _output(node)
+        if x is None or weight is None or end is None or weight[1].numel() != 1 or int(weight[2][0]) != 0 or \
+                (bias is not None and bias_c is None):
+            continue
+        (src, qin), (w, w_scale, _), (out, qout, low, high) = x, weight, end
+        mult, shift = multiplier_shift(qin.s * float(w_scale[0]) / qout.s)
+        prefix = f"_cortex_m_{node.name}"
+        w8 = w.to(torch.int8)
+        values = bias_c[0].to(torch.int32) if bias_c is not None else torch.zeros(w.shape[0], dtype=torch.int32)
+        w_node = _attr(gm, prefix + "_weight", w8, node)
+        if isa == "MVE":
+            kernel_sum = (-qin.zp * w8.to(torch.int32).sum(1) + values).reshape(1, -1).to(torch.int32)
+            b, k = None, _attr(gm, prefix + "_kernel_sum", kernel_sum, node)
+        else:
+            b, k = (_attr(gm, prefix + "_bias", values, node) if bias_c is not None else None), None
+        _replace(gm, out, cm.quantized_linear.default,
+                 (src, w_node, b, k, -qin.zp, 0, qout.zp, [mult], [shift], high, low))
+    return _clean(gm)
+
+
+def add(gm: GraphModule, isa: str) -> GraphModule:
+    """dq, dq -> add/sub (equal shapes) -> q: quantized_add, each operand rescaled to twice the larger scale after
+    CMSIS-NN's 20-bit left shift."""
+    for node in list(gm.graph.nodes):
+        if node.target not in (aten.add.Tensor, aten.sub.Tensor) or len(node.args) != 2:
+            continue
+        a, b, end = _input(node.args[0]), _input(node.args[1]), _output(node)
+        alpha = node.kwargs.get("alpha", 1)
+        if a is None or b is None or end is None or not isinstance(alpha, int) or \
+                a[0].meta["val"].shape != b[0].meta["val"].shape:
+            continue
+        coef = alpha if node.target == aten.add.Tensor else -alpha
+        (sa, qa), (sb, qb), (out, qout, low, high) = a, b, end
+        b_scale = abs(coef) * qb.s
+        double = 2 * max(qa.s, b_scale)
+        ma, sha = multiplier_shift(qa.s / double)
+        mb, shb = multiplier_shift(b_scale / double)
+        mo, sho = multiplier_shift(double / (qout.s * (1 << 20)))
+        if _add_overflows(qa, qb, qa.s, b_scale * (1 if coef > 0 else -1), double, sho):
+            continue
+        _replace(gm, out, cm.quantized_add.default, (sa, qa.zp, ma, sha, sb, qb.zp, -mb if coef < 0 else mb, shb,
+                                                     qout.zp, mo, sho, low, high))
+    return _clean(gm)
+
+
+def _add_overflows(qa: QParams, qb: QParams, sa: float, sb: float, double: float, out_shift: int) -> bool:
+    """Whether the kernel's int32 sum, shifted left by a positive output shift, can overflow (ExecuTorch refuses
+    those adds)."""
+    if out_shift <= 0:
+        return False
+    worst = max(abs(da * sa + db * sb) * (1 << 20) / double
+                for da in (qa.qmin - qa.zp, qa.qmax - qa.zp) for db in (qb.qmin - qb.zp, qb.qmax - qb.zp))
+    return worst * (1 << out_shift) >= 1 << 31
+
+
+def mul(gm: GraphModule, isa: str) -> GraphModule:
+    """dq, dq -> mul (equal shapes) -> q: quantized_mul."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.mul.Tensor:
+            continue
+        a, b, end = _input(node.args[0]), _input(node.args[1]), _output(node)
+        if a is None or b is None or end is None or a[0].meta["val"].shape != b[0].meta["val"].shape or \
+                end[2:] != (-128, 127):
+            continue
+        (sa, qa), (sb, qb), (out, qout, _, _) = a, b, end
+        _replace(gm, out, cm.quantized_mul.default, (sa, qa.zp, sb, qb.zp, qout.zp,
+                                                     *multiplier_shift(qa.s * qb.s / qout.s)))
+    return _clean(gm)
+
+
+def passthrough(gm: GraphModule, isa: str) -> GraphModule:
+    """dq -> a data-movement op (view, permute, ...) -> q with the same qparams: the op on the integers."""
+    for node in list(gm.graph.nodes):
+        src = node.args[0] if node.target in PASSTHROUGH and node.args else None
+        if _input(src) is None or len(node.users) != 1:
+            continue
+        (x, qin), out = _input(src), next(iter(node.users))
+        qout = _int8_tensor(out)
+        if qout is None or (qout.s, qout.zp) != (qin.s, qin.zp):
+            continue
+        node.replace_input_with(src, x)
+        node.meta["val"] = out.meta["val"]
+        out.replace_all_uses_with(node)
+    return _clean(gm)
+
+
+def boundaries(gm: GraphModule, isa: str) -> GraphModule:
+    """The per-tensor int8 quantize/dequantize left (at the program's edges, around portable kernels):
+    cortex_m's, with the same arguments."""
+    swap = {torch.ops.quantized_decomposed.quantize_per_tensor.default: cm.quantize_per_tensor.default,
+            torch.ops.quantized_decomposed.dequantize_per_tensor.default: cm.dequantize_per_tensor.default}
+    for node in gm.graph.nodes:
+        if node.target in swap and _int8_tensor(node) is not None:
+            node.target = swap[node.target]
+    gm.recompile()
+    return gm
+
+
+def _clean(gm: GraphModule) -> GraphModule:
+    """Drop what the replaced patterns left unread."""
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+PIPELINE: list[Callable] = [convolution, linear, add, mul, passthrough, boundaries]
+
+
+def pipeline(isa: str) -> list[Callable[[GraphModule], GraphModule]]:
+    """The passes for a core whose CMSIS-NN kernels are ``isa``'s (SCALAR, DSP or MVE)."""
+    return [functools.partial(p, isa=isa) for p in PIPELINE]

@@ -1,0 +1,34 @@
+"""The scratch bytes a CMSIS-NN kernel needs, per instruction-set class (SCALAR, DSP, MVE), as ExecuTorch 1.5.1
+sizes them through CMSIS-NN's ``*_get_buffer_size`` functions (measured through its binding, int8 activations and
+weights); a kernel call passes a planned buffer of that size."""
+
+from __future__ import annotations
+
+
+def _align(value: int, to: int) -> int:
+    return -(-value // to) * to
+
+
+def conv_scratch(isa: str, kernel: tuple[int, int, int], padding: tuple[int, int], stride: tuple[int, int]) -> int:
+    """A convolution's im2col buffer for a (KH, KW, input channels per group) kernel; a 1x1 unpadded one with
+    stride 1 or 2 reads its input directly."""
+    kh, kw, cin = kernel
+    if (kh, kw) == (1, 1) and tuple(padding) == (0, 0) and max(stride) <= 2:
+        return 0
+    return 4 * _align(kh * kw * cin, 16 if isa == "MVE" else 4)
+
+
+def depthwise_scratch(isa: str, input_shape: tuple[int, ...], kernel: tuple[int, int], multiplier: int,
+                      dilation: tuple[int, int], padding: tuple[int, int]) -> int:
+    """A depthwise convolution's buffer for an NCHW ``input_shape``, a (KH, KW) kernel and a depth multiplier."""
+    batch, channels = input_shape[0], input_shape[1]
+    kh, kw = kernel
+    if multiplier > 1:
+        return 4 * _align(kh * kw, 16) + channels * multiplier * kh * kw if isa == "MVE" and channels == 1 else 0
+    if tuple(dilation) != (1, 1) or batch != 1:
+        return 0
+    if isa == "MVE":
+        return 4 * 124 * kh * kw
+    if isa == "DSP" and not ((kh, kw) == (3, 3) and max(padding) <= 1):
+        return 2 * channels * kh * kw
+    return 0

@@ -1,0 +1,130 @@
+"""The direct Cortex-M flow against ExecuTorch 1.5.1's (its CortexMQuantizer and CortexMPassManager, in the oracle
+env): for the very quantized graph ExecuTorch lowered, tosakit's program calls the same cortex_m:: kernels in the
+same order with equal integer arguments, constants and scratch sizes, on a core of each instruction-set class; and
+tosakit's runtime gives the same outputs for both programs, close to the float model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx import Node
+
+from tosakit.backends.cortex_m.ops import scratch_buffer
+from tosakit.capture import export
+from tosakit.capture.graph import graph_attr
+from tosakit.flow import compile
+from tosakit.runtime import load
+
+pytestmark = [pytest.mark.oracle, pytest.mark.slow]
+
+
+class ConvBlock(torch.nn.Module):
+    """Convolution with a fused ReLU, a depthwise convolution, a residual add, a flatten and a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pw = torch.nn.Conv2d(8, 8, 1)
+        self.fc = torch.nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x, y):
+        a = torch.relu(self.conv(x))
+        a = self.pw(self.dw(a)) + y
+        return self.fc(torch.flatten(a * a, 1))
+
+
+def _calls(gm) -> list[tuple[str, list]]:
+    """Each cortex_m call of tosakit's edge graph: (op, arguments: values, constant tensors, scratch sizes)."""
+    def value(a):
+        if isinstance(a, Node):
+            if a.op == "get_attr":
+                return graph_attr(gm, a)
+            return ("scratch", a.args[0]) if a.target is scratch_buffer else "node"
+        return [value(x) for x in a] if isinstance(a, (list, tuple)) else a
+    return [(str(n.target).split(".")[1], [value(a) for a in n.args]) for n in gm.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith("cortex_m.")]
+
+
+def _their_calls(result) -> list[tuple[str, list]]:
+    constants = torch.load(result["constants"])
+
+    def value(a):
+        if isinstance(a, dict):
+            return constants[a["constant"]] if "constant" in a else ("scratch", a["scratch"]) if "scratch" in a \
+                else "node"
+        return [value(x) for x in a] if isinstance(a, list) else a
+    return [(c["op"], [value(a) for a in c["args"]]) for c in result["calls"]]
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and \
+            a.shape == b.shape and torch.equal(a.contiguous(), b.contiguous())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, str) and isinstance(b, str) and a.startswith("torch."):
+        return a == b
+    return (str(a) == b) if isinstance(a, torch.dtype) else a == b
+
+
+@pytest.mark.parametrize("target", ["cortex-m55", "cortex-m33", "cortex-m0"])
+def test_same_kernels_and_arguments_as_executorch_int(target, et_oracle, tmp_path):
+    torch.manual_seed(0)
+    model = ConvBlock().eval().to(memory_format=torch.channels_last)
+    inputs = tuple(torch.randn(shape).contiguous(memory_format=torch.channels_last)
+                   for shape in ((1, 3, 6, 6), (1, 8, 6, 6)))
+    result = et_oracle.cortex_m_export(model, inputs, tmp_path, target=target)
+    graph = torch.export.load(result["quantized"]).module(check_guards=False)
+    compiled = compile(export(graph, inputs), inputs, target)
+    ours, theirs = _calls(compiled.edge.program.graph_module), _their_calls(result)
+    assert [op for op, _ in ours] == [op for op, _ in theirs]
+    assert {"quantized_conv2d", "quantized_depthwise_conv2d", "quantized_add", "quantized_mul",
+            "quantized_linear"} <= {op for op, _ in ours}
+    for (op, mine), (_, their) in zip(ours, theirs):
+        assert len(mine) == len(their), op
+        for k, (m, t) in enumerate(zip(mine, their)):
+            assert _equal(m, t), (op, k, m, t)
+
+    (tmp_path / "tosakit.pte").write_bytes(compiled.program.buffer)
+    got = load(tmp_path / "tosakit.pte").run(list(inputs))
+    want = load(result["pte"]).run(list(inputs))  # ExecuTorch's program, on tosakit's runtime
+    assert len(got) == len(want) == 1 and torch.equal(got[0], want[0])
+    float_out = model(*inputs)
+    assert float((got[0] - float_out).abs().max()) < 0.1 * float(float_out.abs().max())
+
+
+def test_cortex_m_cores_name_their_kernel_class():
+    """Each core runs the CMSIS-NN kernels of its instruction set (ExecuTorch's table); a lesser class may be chosen
+    for a core built without its extension, a greater one is refused with the choices."""
+    from tosakit.errors import TosakitError
+    from tosakit.specs import CortexMCompileSpec, compile_spec_for_target
+
+    assert {t: compile_spec_for_target(t).isa for t in ("cortex-m0", "cortex-m33", "cortex-m55", "Cortex-M85")} == {
+        "cortex-m0": "SCALAR", "cortex-m33": "DSP", "cortex-m55": "MVE", "Cortex-M85": "MVE"}
+    assert CortexMCompileSpec("cortex-m55", isa="DSP").isa == "DSP"
+    with pytest.raises(TosakitError, match="cortex-m4 cannot run MVE kernels: it runs SCALAR, DSP"):
+        CortexMCompileSpec("cortex-m4", isa="MVE")
+    with pytest.raises(TosakitError, match="cortex-m99"):
+        CortexMCompileSpec("cortex-m99")
+
+
+def test_compile_for_cortex_m55_leaves_no_float_convolution(tmp_path, capsys):
+    """`tosakit compile -t cortex-m55 --quantize` of mv2: every convolution, residual add and the classifier are
+    cortex_m:: kernels; the program runs on the host close to the float model; the user's model stays NCHW."""
+    from tosakit.cli import main
+    from tosakit.zoo import MODELS
+
+    assert main(["compile", "-m", "mv2", "-t", "cortex-m55", "--quantize", "-o", str(tmp_path / "mv2.pte")]) == 0
+    out = capsys.readouterr().out
+    kernels = out.split("CPU kernels: ")[1].splitlines()[0].split(", ")
+    assert {"cortex_m::quantized_conv2d.out", "cortex_m::quantized_depthwise_conv2d.out", "cortex_m::quantized_add.out",
+            "cortex_m::quantized_linear.out"} <= set(kernels)
+    assert not [k for k in kernels if "convolution" in k or "linear" in k and not k.startswith("cortex_m")]
+    model, inputs = MODELS["mv2"].factory()
+    got = load(tmp_path / "mv2.pte").run(list(inputs))[0]
+    want = model.eval()(*inputs)
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), 0) > 0.9
+    block = ConvBlock().eval()
+    compile(block, (torch.randn(1, 3, 6, 6), torch.randn(1, 8, 6, 6)), "cortex-m55", quantize=True)
+    assert block.conv.weight.is_contiguous()  # compiled from a channels-last copy
