@@ -34,6 +34,25 @@ class ConvBlock(torch.nn.Module):
         return self.fc(torch.flatten(a * a, 1))
 
 
+class PoolNet(torch.nn.Module):
+    """Max pooling after a fused ReLU, an average pool, a global mean and a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.pool, self.avg = torch.nn.MaxPool2d(2), torch.nn.AvgPool2d(2)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x, y):
+        a = self.pool(torch.relu(self.conv(x)))
+        a = self.avg(self.conv2(a) + y)
+        return self.fc(a.mean((2, 3)))
+
+
+NETS = {"conv_block": (ConvBlock, ((1, 3, 6, 6), (1, 8, 6, 6))), "pool_net": (PoolNet, ((1, 3, 12, 12), (1, 8, 6, 6)))}
+
+
 def _calls(gm) -> list[tuple[str, list]]:
     """Each cortex_m call of tosakit's edge graph: (op, arguments: values, constant tensors, scratch sizes)."""
     def value(a):
@@ -68,19 +87,21 @@ def _equal(a, b) -> bool:
     return (str(a) == b) if isinstance(a, torch.dtype) else a == b
 
 
+@pytest.mark.parametrize("net", sorted(NETS))
 @pytest.mark.parametrize("target", ["cortex-m55", "cortex-m33", "cortex-m0"])
-def test_same_kernels_and_arguments_as_executorch_int(target, et_oracle, tmp_path):
+def test_same_kernels_and_arguments_as_executorch_int(target, net, et_oracle, tmp_path):
     torch.manual_seed(0)
-    model = ConvBlock().eval().to(memory_format=torch.channels_last)
-    inputs = tuple(torch.randn(shape).contiguous(memory_format=torch.channels_last)
-                   for shape in ((1, 3, 6, 6), (1, 8, 6, 6)))
+    factory, shapes = NETS[net]
+    model = factory().eval().to(memory_format=torch.channels_last)
+    inputs = tuple(torch.randn(shape).contiguous(memory_format=torch.channels_last) for shape in shapes)
     result = et_oracle.cortex_m_export(model, inputs, tmp_path, target=target)
     graph = torch.export.load(result["quantized"]).module(check_guards=False)
     compiled = compile(export(graph, inputs), inputs, target)
     ours, theirs = _calls(compiled.edge.program.graph_module), _their_calls(result)
     assert [op for op, _ in ours] == [op for op, _ in theirs]
-    assert {"quantized_conv2d", "quantized_depthwise_conv2d", "quantized_add", "quantized_mul",
-            "quantized_linear"} <= {op for op, _ in ours}
+    assert {"conv_block": {"quantized_conv2d", "quantized_depthwise_conv2d", "quantized_add", "quantized_mul",
+                           "quantized_linear"},
+            "pool_net": {"quantized_max_pool2d", "quantized_avg_pool2d", "pad"}}[net] <= {op for op, _ in ours}
     for (op, mine), (_, their) in zip(ours, theirs):
         assert len(mine) == len(their), op
         for k, (m, t) in enumerate(zip(mine, their)):

@@ -109,9 +109,41 @@ def _dequantize_args(rng):
     return [_int8(rng, (3, 5)), _scale(rng), int(rng.integers(-128, 128)), -128, 127, torch.int8]
 
 
+def _pool_window(rng):
+    k = [int(d) for d in rng.integers(1, 4, 2)]
+    return k, [int(d) for d in rng.integers(1, 3, 2)], [int(rng.integers(0, k[0] // 2 + 1)), int(rng.integers(0, k[1] // 2 + 1))]
+
+
+def _avg_pool_args(rng):
+    k, stride, padding = _pool_window(rng)
+    x = _int8(rng, (1, int(rng.integers(1, 6)), int(rng.integers(k[0], 9)), int(rng.integers(k[1], 9))))
+    zp = int(rng.integers(-128, 128))
+    return [x.contiguous(memory_format=torch.channels_last), k, stride, padding, bool(rng.integers(2)), zp,
+            *multiplier_shift(_scale(rng)), torch.zeros(8, dtype=torch.uint8)]
+
+
+def _max_pool_args(rng):
+    k, stride, padding = _pool_window(rng)
+    x = _int8(rng, (int(rng.integers(1, 3)), int(rng.integers(1, 6)), int(rng.integers(k[0], 9)),
+                    int(rng.integers(k[1], 9))))
+    zp = int(rng.integers(-128, 128))
+    low, high = _bounds(rng)
+    return [x.contiguous(memory_format=torch.channels_last), k, stride, padding, [1, 1], False, zp, zp, low, high]
+
+
+def _pad_args(rng):
+    rank = int(rng.integers(1, 5))
+    x = _int8(rng, tuple(int(d) for d in rng.integers(1, 5, rank)))
+    if rank == 4 and rng.integers(2):
+        x = x.contiguous(memory_format=torch.channels_last)
+    return [x, [int(d) for d in rng.integers(0, 3, 4)], [int(d) for d in rng.integers(0, 3, 4)],
+            int(rng.integers(-128, 128))]
+
+
 ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_linear": _linear_args,
              "quantized_conv2d": _conv_args, "quantized_depthwise_conv2d": _depthwise_args,
-             "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args}
+             "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args,
+             "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args}
 
 
 def test_every_operator_has_cases():

@@ -37,6 +37,12 @@ SCHEMAS: dict[str, str] = {
     "quantized_conv2d": "Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
                         "int input_offset, int output_offset, Tensor requantize_multipliers, "
                         "Tensor requantize_shifts, int activation_min, int activation_max, Tensor scratch",
+    "quantized_avg_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, bool ceil_mode, "
+                            "int zero_point, int multiplier, int shift, Tensor scratch",
+    "quantized_max_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, int[] dilation, "
+                            "bool ceil_mode, int input_zero_point, int output_zero_point, int activation_min, "
+                            "int activation_max",
+    "pad": "Tensor input, int[] pre_pad, int[] post_pad, int pad_value",
     "quantized_depthwise_conv2d": "Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
                                   "int[] dilation, int depth_multiplier, int input_offset, int output_offset, "
                                   "Tensor requantize_multipliers, Tensor requantize_shifts, int activation_min, "
@@ -143,6 +149,64 @@ def quantized_depthwise_conv2d(x, weight, bias, stride, padding, dilation, depth
                  output_offset, multipliers, shifts, act_min, act_max)
 
 
+def _real_scale(multiplier: int, shift: int) -> float:
+    return multiplier * (2 ** shift) / (1 << 31)
+
+
+def quantized_avg_pool2d(x, kernel_size, stride, padding, ceil_mode, zero_point, multiplier, shift, scratch):
+    """The window mean of the dequantized values (pad excluded), quantized again: ExecuTorch's reference does it in
+    float32, and so does this (the same torch operations, so the same ties)."""
+    scale = _real_scale(multiplier, shift)
+    mean = F.avg_pool2d((x.float() - zero_point) * scale, tuple(kernel_size), tuple(stride), tuple(padding),
+                        ceil_mode, count_include_pad=False)
+    return (torch.round(mean / scale) + zero_point).clamp(-128, 127).to(torch.int8)
+
+
+def quantized_max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, input_zp, output_zp, act_min,
+                         act_max):
+    """The window maximum of the integers (padding never wins), clamped to the activation bounds."""
+    pooled = F.max_pool2d(x.to(memory_format=torch.contiguous_format), tuple(kernel_size), tuple(stride),
+                          tuple(padding), tuple(dilation), ceil_mode)
+    return pooled.clamp(act_min, act_max).to(torch.int8).contiguous(memory_format=torch.channels_last)
+
+
+NHWC_TO_LOGICAL = (0, 3, 1, 2)  # a channels-last tensor's physical (N, H, W, C) padding read in (N, C, H, W)
+
+
+def channels_last(x: torch.Tensor) -> bool:
+    """How the kernels see a 4-D tensor: channels-last when its dim order says so, or when C or H*W is 1."""
+    return x.dim() == 4 and (x.shape[1] == 1 or x.shape[2] == x.shape[3] == 1 or list(x.dim_order()[:2]) == [0, 2])
+
+
+def pad(x, pre_pad, post_pad, pad_value):
+    """Constant padding given per physical dimension (four entries, the last ``rank`` used)."""
+    if channels_last(x):
+        pre_pad, post_pad = [pre_pad[i] for i in NHWC_TO_LOGICAL], [post_pad[i] for i in NHWC_TO_LOGICAL]
+    offset, widths = 4 - x.dim(), []
+    for i in reversed(range(x.dim())):
+        widths += [pre_pad[offset + i], post_pad[offset + i]]
+    return F.pad(x, widths, mode="constant", value=pad_value)
+
+
+def _pool_shape(x, kernel, stride, padding, ceil_mode, dilation=(1, 1)):
+    size = []
+    for i in range(2):
+        span = x.shape[2 + i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1
+        out = (span + (stride[i] - 1 if ceil_mode else 0)) // stride[i] + 1
+        if ceil_mode and (out - 1) * stride[i] >= x.shape[2 + i] + padding[i]:
+            out -= 1
+        size.append(out)
+    return torch.empty((x.shape[0], x.shape[1], *size), dtype=torch.int8, device=x.device).contiguous(
+        memory_format=torch.channels_last)
+
+
+def _pad_shape(x, pre_pad, post_pad, value):
+    if channels_last(x):
+        pre_pad, post_pad = [pre_pad[i] for i in NHWC_TO_LOGICAL], [post_pad[i] for i in NHWC_TO_LOGICAL]
+    offset = 4 - x.dim()
+    return x.new_empty([d + pre_pad[offset + i] + post_pad[offset + i] for i, d in enumerate(x.shape)])
+
+
 def _conv_shape(x, weight_hw, stride, padding, dilation, channels):
     size = [(x.shape[2 + i] + 2 * padding[i] - dilation[i] * (weight_hw[i] - 1) - 1) // stride[i] + 1
             for i in range(2)]
@@ -172,6 +236,10 @@ OPERATORS: dict[str, Operator] = {
     "quantized_linear": Operator(quantized_linear, lambda x, w, *r: x.new_empty((*x.shape[:-1], w.shape[0]))),
     "quantized_conv2d": Operator(quantized_conv2d, lambda x, w, b, s, p, d, *r: _conv_shape(x, w.shape[1:3], s, p, d,
                                                                                             w.shape[0])),
+    "quantized_avg_pool2d": Operator(quantized_avg_pool2d, lambda x, k, s, p, c, *r: _pool_shape(x, k, s, p, c)),
+    "quantized_max_pool2d": Operator(quantized_max_pool2d,
+                                     lambda x, k, s, p, d, c, *r: _pool_shape(x, k, s, p, c, d)),
+    "pad": Operator(pad, _pad_shape),
     "quantized_depthwise_conv2d": Operator(quantized_depthwise_conv2d,
                                            lambda x, w, b, s, p, d, *r: _conv_shape(x, w.shape[1:3], s, p, d,
                                                                                     w.shape[3])),

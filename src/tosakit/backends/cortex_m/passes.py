@@ -217,6 +217,89 @@ def mul(gm: GraphModule, isa: str) -> GraphModule:
     return _clean(gm)
 
 
+def _same_qparams(a: QParams, b: QParams) -> bool:
+    return (a.s, a.zp) == (b.s, b.zp)
+
+
+def mean(gm: GraphModule, isa: str) -> GraphModule:
+    """dq -> mean over H and W of a 4-D map -> q (the same qparams): a whole-plane average pool (a view drops the
+    1x1 plane unless keepdim)."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.mean.dim or node.kwargs.get("dtype") is not None:
+            continue
+        x, end = _input(node.args[0]), _output(node)
+        shape = x[0].meta["val"].shape if x is not None else ()
+        if end is None or len(shape) != 4 or sorted(d % 4 for d in node.args[1]) != [2, 3] or \
+                not _same_qparams(x[1], end[1]) or end[2:] != (-128, 127):
+            continue
+        (src, q), out = x, end[0]
+        kernel = [int(shape[2]), int(shape[3])]
+        pooled = _avg_pool(gm, out, src, q, kernel, [1, 1], [0, 0], False, isa)
+        if not (len(node.args) > 2 and node.args[2]):
+            pooled.meta["val"] = torch.empty(*shape[:2], 1, 1, dtype=torch.int8).contiguous(
+                memory_format=torch.channels_last)
+            with gm.graph.inserting_after(pooled):
+                view = gm.graph.call_function(aten.view.default, (pooled, list(out.meta["val"].shape)))
+            view.meta = {**out.meta}
+            pooled.replace_all_uses_with(view, delete_user_cb=lambda user: user is not view)
+    return _clean(gm)
+
+
+def avg_pool(gm: GraphModule, isa: str) -> GraphModule:
+    """dq -> avg_pool2d (no divisor override) -> q (the same qparams): quantized_avg_pool2d; a pool that counts its
+    padding reads a cortex_m pad of the zero point first (ExecuTorch pads so even with zero padding)."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.avg_pool2d.default:
+            continue
+        args = list(node.args) + [None] * (7 - len(node.args))
+        kernel, stride, padding, ceil_mode, include_pad, divisor = args[1:7]
+        x, end = _input(args[0]), _output(node)
+        if x is None or end is None or divisor is not None or not _same_qparams(x[1], end[1]) or \
+                end[2:] != (-128, 127):
+            continue
+        (src, q), out = x, end[0]
+        padding = list(padding or [0, 0])
+        if include_pad is None or include_pad:
+            physical = [0, padding[0], padding[1], 0]
+            with gm.graph.inserting_before(out):
+                src_padded = gm.graph.call_function(cm.pad.default, (src, physical, physical, q.zp))
+            val = src.meta["val"]
+            src_padded.meta["val"] = torch.empty(val.shape[0], val.shape[1], val.shape[2] + 2 * padding[0],
+                                                 val.shape[3] + 2 * padding[1], dtype=torch.int8).contiguous(
+                memory_format=torch.channels_last)
+            src, padding = src_padded, [0, 0]
+        _avg_pool(gm, out, src, q, list(kernel), list(stride or kernel), padding, bool(ceil_mode), isa)
+    return _clean(gm)
+
+
+def _avg_pool(gm: GraphModule, out: Node, src: Node, q: QParams, kernel, stride, padding, ceil_mode: bool,
+              isa: str) -> Node:
+    channels = int(src.meta["val"].shape[1])
+    return _replace(gm, out, cm.quantized_avg_pool2d.default,
+                    (src, kernel, stride, padding, ceil_mode, q.zp, *multiplier_shift(q.s),
+                     _scratch(gm, 4 * channels if isa == "DSP" else 0, out)))
+
+
+def max_pool(gm: GraphModule, isa: str) -> GraphModule:
+    """dq -> max_pool2d (its values; no dilation, no ceil mode) -> [relu/clamp] -> q (the same scale and zero
+    point): quantized_max_pool2d."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.max_pool2d_with_indices.default or len(node.users) != 1:
+            continue
+        values = next(iter(node.users))
+        args = list(node.args) + [None] * (6 - len(node.args))
+        kernel, stride, padding, dilation, ceil_mode = args[1:6]
+        x, end = _input(args[0]), _output(values) if values.args[1] == 0 else None
+        if x is None or end is None or list(dilation or [1, 1]) != [1, 1] or ceil_mode or \
+                not _same_qparams(x[1], end[1]):
+            continue
+        (src, q), (out, _, low, high) = x, end
+        _replace(gm, out, cm.quantized_max_pool2d.default,
+                 (src, list(kernel), list(stride or kernel), list(padding or [0, 0]), [1, 1], False, q.zp, q.zp,
+                  low, high))
+    return _clean(gm)
+
+
 def passthrough(gm: GraphModule, isa: str) -> GraphModule:
     """dq -> a data-movement op (view, permute, ...) -> q with the same qparams: the op on the integers."""
     for node in list(gm.graph.nodes):
@@ -252,7 +335,7 @@ def _clean(gm: GraphModule) -> GraphModule:
     return gm
 
 
-PIPELINE: list[Callable] = [convolution, linear, add, mul, passthrough, boundaries]
+PIPELINE: list[Callable] = [convolution, linear, add, mul, mean, avg_pool, max_pool, passthrough, boundaries]
 
 
 def pipeline(isa: str) -> list[Callable[[GraphModule], GraphModule]]:
