@@ -149,3 +149,36 @@ def test_compile_for_cortex_m55_leaves_no_float_convolution(tmp_path, capsys):
     block = ConvBlock().eval()
     compile(block, (torch.randn(1, 3, 6, 6), torch.randn(1, 8, 6, 6)), "cortex-m55", quantize=True)
     assert block.conv.weight.is_contiguous()  # compiled from a channels-last copy
+
+
+# The networks ExecuTorch validates its Cortex-M backend on that the zoo holds and this flow places wholly on
+# cortex_m:: kernels (mv3's hardswish is still decomposed to float portable kernels).
+ZOO = ["deep_autoencoder", "ds_cnn", "mobilenet_v1_025", "mv2", "resnet8"]
+DATA_MOVES = {"aten::view_copy.out", "aten::clone.out", "dim_order_ops::_clone_dim_order.out"}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_network_as_executorch_lowers_it_int(name, et_oracle, tmp_path):
+    """For the quantized graph ExecuTorch's flow makes of the network, tosakit's cortex-m55 program: the same
+    kernels with equal arguments, no compute left to portable kernels, equal outputs on tosakit's runtime, and a
+    .pte and planned arena no larger than ExecuTorch's."""
+    from tosakit.flow import channels_last
+    from tosakit.zoo import MODELS
+
+    model, inputs = MODELS[name].factory()
+    model, inputs = channels_last(model.eval(), inputs)
+    result = et_oracle.cortex_m_export(model, inputs, tmp_path, target="cortex-m55", name=name)
+    graph = torch.export.load(result["quantized"]).module(check_guards=False)
+    compiled = compile(export(graph, inputs), inputs, "cortex-m55")
+    ours, theirs = _calls(compiled.edge.program.graph_module), _their_calls(result)
+    assert [op for op, _ in ours] == [op for op, _ in theirs]
+    assert not [(op, k) for (op, mine), (_, their) in zip(ours, theirs) for k, (m, t) in enumerate(zip(mine, their))
+                if not _equal(m, t)]
+    (tmp_path / "tosakit.pte").write_bytes(compiled.program.buffer)
+    mine, executorch = load(tmp_path / "tosakit.pte"), load(result["pte"])
+    operators = {o.name + (f".{o.overload}" if o.overload else "") for o in mine.plan().operators}
+    assert not {o for o in operators if not o.startswith("cortex_m::")} - DATA_MOVES, operators
+    got, want = mine.run(list(inputs)), executorch.run(list(inputs))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert len(compiled.program.buffer) <= (tmp_path / f"{name}.pte").stat().st_size
+    assert sum(mine.plan().non_const_buffer_sizes) <= sum(executorch.plan().non_const_buffer_sizes)
