@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zoo name (see `tosakit models`) or path/file.py:ClassOrFactory")
     c.add_argument("-t", "--target", default="ethos-u55-128", help=f"one of: {', '.join(ALL_TARGETS)}")
     c.add_argument("--delegate", action="store_true", help="delegate what the target runs (else: CPU only)")
+    c.add_argument("--cortex-m-fallback", "--cortex_m_fallback", metavar="CORE",
+                   help="run the quantized layers the delegate leaves on the CPU as this Cortex-M core's cortex_m:: "
+                        "kernels (CMSIS-NN), e.g. cortex-m55 beside an Ethos-U55 on Corstone-300")
+    c.add_argument("--cortex-m55-fallback", dest="cortex_m_fallback", action="store_const", const="cortex-m55",
+                   help="--cortex-m-fallback cortex-m55")
     c.add_argument("--quantize", action="store_true",
                    help="int8 post-training quantization, calibrated on --calibration data (else the example input; "
                         "a trained built-in model: its training data)")

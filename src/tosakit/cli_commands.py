@@ -16,6 +16,7 @@ def cmd_compile(args) -> int:
 
     opts = CompileOptions(
         model_name=args.model_name, target=args.target, delegate=args.delegate, quantize=args.quantize,
+        cortex_m_fallback=args.cortex_m_fallback,
         system_config=args.system_config, memory_mode=args.memory_mode, config_ini=args.config_ini,
         extra_flags=args.extra_flags, optimise=args.optimise, arena_cache_size=args.arena_cache_size,
         intermediates=args.intermediates, output=args.output,

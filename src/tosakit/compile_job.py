@@ -52,6 +52,7 @@ class CompileOptions:
     random_inputs: bool = False
     calibration: str | None = None
     quiet: bool = False
+    cortex_m_fallback: str | None = None  # the core whose cortex_m:: kernels run what the delegate leaves
 
 
 @dataclass
@@ -79,13 +80,18 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     option is checked before the work starts, and nothing is written when the flow fails."""
     from . import flow
     from .report import write_reports
-    from .specs import compile_spec_for_target
+    from .specs import EthosUCompileSpec, compile_spec_for_target
     from .zoo import load_model
 
     progress = Progress(opts.quiet)
     spec = compile_spec_for_target(opts.target, opts.system_config, opts.memory_mode, opts.extra_flags,
                                    opts.config_ini, opts.optimise, opts.arena_cache_size)
     folder = _check_options(opts)
+    if opts.cortex_m_fallback:
+        if not opts.delegate or not isinstance(spec, EthosUCompileSpec):
+            raise TosakitError("--cortex-m-fallback runs what an Ethos-U delegate leaves on the CPU",
+                               "add --delegate with an ethos-u target, or compile for the core itself (-t cortex-m55)")
+        spec.with_cortex_m_fallback(opts.cortex_m_fallback)
     name, model, inputs = load_model(opts.model_name, opts.input_shapes or None)
     if opts.channels_last:  # 4-D inputs stored NHWC: the delegate takes them with no layout TRANSPOSE
         inputs = _channels_last(inputs)

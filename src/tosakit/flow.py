@@ -18,6 +18,7 @@ from .lower import TOSAPartitioner
 from .program import EdgeProgramManager, ExecutorchProgramManager, to_edge_transform_and_lower
 from .quantize import EthosUQuantizer, QuantizationConfig, TOSAQuantizer, VgfQuantizer
 from .quantize.config import get_symmetric_quantization_config
+from .targets import CORTEX_M_ISA
 from .specs import ArmCompileSpec, CortexMCompileSpec, EthosUCompileSpec, VgfCompileSpec, compile_spec_for_target
 
 
@@ -109,8 +110,10 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
         ep = export(quantized if quantized is not None else model, example_inputs)
     partitioners = [partitioner_for(spec, additional_checks)] if delegate and not direct else []
     step("lower")
+    fallback = CORTEX_M_ISA[spec.cortex_m_fallback] if spec.cortex_m_fallback and partitioners else None
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners,
-                                       transform_passes=cortex_m_pipeline(spec.isa) if direct else None)
+                                       transform_passes=cortex_m_pipeline(spec.isa) if direct else None,
+                                       cpu_passes=cortex_m_pipeline(fallback) if fallback else None)
     compiled = Compiled(spec, quantized, edge, edge.to_executorch())
     if verify_on is not None:
         from .verify.run import verify

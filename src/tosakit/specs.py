@@ -178,6 +178,8 @@ class ArmCompileSpec:
     embed_tosa: bool = False
     # Keep quantized model inputs/outputs as integers (no CPU quantize/dequantize around them).
     preserve_io_quantization: bool = False
+    # The Cortex-M core whose cortex_m:: kernels run what the delegate leaves on the CPU (None: portable kernels).
+    cortex_m_fallback: str | None = None
 
     output_format = "tosa"
     backend_id = "TOSABackend"
@@ -200,6 +202,14 @@ class ArmCompileSpec:
         """The program takes and returns the quantized integers (int8, or int16 with a16w8) instead of
         float: no CPU quantize/dequantize around the delegate, firmware feeds the NPU directly."""
         self.preserve_io_quantization = enabled
+        return self
+
+    def with_cortex_m_fallback(self, core: str | None = "cortex-m55"):
+        """Run the quantized layers the delegate refuses, and its boundary quantize/dequantize, as ``core``'s
+        cortex_m:: kernels (CMSIS-NN) instead of float portable kernels."""
+        if core is not None:
+            flag_choice("--cortex-m-fallback", core.strip().lower(), CORTEX_M_ISA)
+        self.cortex_m_fallback = None if core is None else core.strip().lower()
         return self
 
     def dump_debug_info(self, debug_mode: DebugMode | None):

@@ -182,3 +182,52 @@ def test_zoo_network_as_executorch_lowers_it_int(name, et_oracle, tmp_path):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert len(compiled.program.buffer) <= (tmp_path / f"{name}.pte").stat().st_size
     assert sum(mine.plan().non_const_buffer_sizes) <= sum(executorch.plan().non_const_buffer_sizes)
+
+
+class DilatedTail(torch.nn.Module):
+    """A convolution Ethos-U55 takes, then one it refuses (stride 4 with dilation 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.tail = torch.nn.Conv2d(8, 8, 5, stride=4, dilation=3, padding=6)
+
+    def forward(self, x):
+        return self.tail(torch.relu(self.conv(x)))
+
+
+def test_cortex_m55_fallback_runs_what_ethos_u55_refuses_u55(tmp_path, capsys):
+    """`--delegate --cortex-m55-fallback` on ethos-u55-128: the refused convolution and the boundary quantize and
+    dequantize are cortex_m:: kernels (float portable ones without the flag); both programs run on the host and
+    agree within one output step of the convolution (CMSIS-NN rounds twice, the float kernel once)."""
+    from tosakit.flow import quantize_model
+    from tosakit.quantize.qdq import is_quantize, qparams_of
+    from tosakit.specs import EthosUCompileSpec
+
+    torch.manual_seed(0)
+    model, inputs = DilatedTail().eval(), (torch.randn(1, 3, 32, 32),)
+    quantized = export(quantize_model(model, inputs, EthosUCompileSpec("ethos-u55-128")), inputs)
+    plain = compile(quantized, inputs, EthosUCompileSpec("ethos-u55-128"))
+    fallback = compile(quantized, inputs, EthosUCompileSpec("ethos-u55-128").with_cortex_m_fallback("cortex-m55"))
+    kernels = {str(n.target) for n in fallback.edge.program.graph_module.graph.nodes if n.op == "call_function"}
+    assert {"cortex_m.quantized_conv2d.default", "cortex_m.quantize_per_tensor.default",
+            "cortex_m.dequantize_per_tensor.default"} <= kernels and "aten.convolution.default" not in kernels
+    assert "aten.convolution.default" in {str(n.target) for n in plain.edge.program.graph_module.graph.nodes}
+    outs = []
+    for name, compiled in (("plain", plain), ("fallback", fallback)):
+        (tmp_path / f"{name}.pte").write_bytes(compiled.program.buffer)
+        outs.append(load(tmp_path / f"{name}.pte").run(list(inputs))[0])
+    step = qparams_of([n for n in quantized.graph.nodes if is_quantize(n)][-1]).s
+    assert float((outs[0] - outs[1]).abs().max()) <= step * 1.01
+
+
+def test_cortex_m_fallback_needs_an_ethos_u_delegate(tmp_path, capsys):
+    from tosakit.cli import main
+
+    assert main(["compile", "-m", "add", "-t", "cortex-m55", "--cortex-m55-fallback", "-o",
+                 str(tmp_path / "a.pte")]) == 2
+    err = capsys.readouterr().err
+    assert "--cortex-m-fallback runs what an Ethos-U delegate leaves on the CPU" in err and "fix:" in err
+    assert main(["compile", "-m", "add", "--delegate", "--cortex-m-fallback", "cortex-m9", "-o",
+                 str(tmp_path / "a.pte")]) == 2
+    assert "cortex-m9" in capsys.readouterr().err and not (tmp_path / "a.pte").exists()

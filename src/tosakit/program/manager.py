@@ -214,8 +214,9 @@ def to_backend(program, partitioner) -> CapturedProgram:
 
 def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, transform_passes=None,
                                 constant_methods=None, compile_config: EdgeCompileConfig | None = None,
-                                generate_etrecord: bool = False) -> EdgeProgramManager:
-    """Decompose, partition with each partitioner in turn, lower every partition to its backend."""
+                                generate_etrecord: bool = False, cpu_passes=None) -> EdgeProgramManager:
+    """Decompose, partition with each partitioner in turn, lower every partition to its backend; ``cpu_passes``
+    then rewrite what stays on the CPU (the Cortex-M kernels' patterns)."""
     if isinstance(programs, dict):
         if set(programs) != {"forward"}:
             raise TosakitError(f"methods {sorted(programs)} given; tosakit writes one method, 'forward'",
@@ -236,6 +237,8 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
         _apply_partitioner(edge, p)
     if not partitioners:
         edge.placements = _cpu_placements(gm)
+    for p in cpu_passes or []:
+        edge.program.graph_module = p(edge.program.graph_module) or edge.program.graph_module
     decompose_for_runtime(edge.program.graph_module, edge.placements)
     return edge
 
