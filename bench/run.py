@@ -487,7 +487,14 @@ def hostile(args) -> None:
             print(f"{name:<16}{code:>6}{time.perf_counter() - start:>10.2f}{peak:>10.0f}{imported:>14}")
 
 
-BENCHES = {"host-runtime": host_runtime, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo,
+def cortex_m(args) -> None:
+    """The direct Cortex-M flow beside ExecuTorch's: .pte and arena bytes, portable compute, compile seconds."""
+    from cortex_m import cortex_m as run
+
+    run(args, OUT, _executorch)
+
+
+BENCHES = {"host-runtime": host_runtime, "cortex-m": cortex_m, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo,
            "llm": llm, "weights": weights}
 
 
