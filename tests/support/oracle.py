@@ -123,24 +123,15 @@ class EtOracle:
         it lowered, .pt2), "delegates": [{"backend", "tosa", "payload_sha256"}] in call order, "cpu_ops",
         "vela_flags", "seconds"}. With ``quantized``, ``module`` is a quantized graph ExecuTorch only lowers.
         Runs in a process of its own, so the runtime oracle never has the Arm backend imported."""
-        import torch
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        inputs = tuple(inputs)
-        model, saved_inputs = folder / f"{name}.pt2", folder / f"{name}.inputs.pt"
-        torch.export.save(torch.export.export(module, inputs), model)
-        torch.save(inputs, saved_inputs)
-        if self._exporter is None:
-            self._exporter = EtOracle(self.python)
+        model, saved_inputs = _saved_job(module, inputs, folder, name)
         converter = ""
         if target == "vgf":
             from tosakit.backends.vgf import model_converter
 
             converter = str(model_converter())
-        return self._exporter._call("export_ethosu", name=name, model=model, inputs=saved_inputs, target=target,
-                                    memory_mode=memory_mode, out=folder, quantized=quantized,
-                                    model_converter=converter)
+        return self._exporting()._call("export_ethosu", name=name, model=model, inputs=saved_inputs, target=target,
+                                       memory_mode=memory_mode, out=folder, quantized=quantized,
+                                       model_converter=converter)
 
     def cortex_m_op(self, op: str, cases: list[list], folder: str | os.PathLike) -> list:
         """ExecuTorch's reference implementation of ``cortex_m::op`` on each argument list of ``cases``; the
@@ -158,14 +149,7 @@ class EtOracle:
         """A program made by ExecuTorch's Cortex-M flow (tests/oracle/et_cortex_m.py) from ``module`` (a float
         model, channels-last, or with ``quantized`` a quantized graph it only lowers); its result: {"pte",
         "quantized", "calls": [{"op", "args"}], "constants"}."""
-        import torch
-
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        inputs = tuple(inputs)
-        model, saved_inputs = folder / f"{name}.pt2", folder / f"{name}.inputs.pt"
-        torch.export.save(torch.export.export(module, inputs), model)
-        torch.save(inputs, saved_inputs)
+        model, saved_inputs = _saved_job(module, inputs, folder, name)
         return self._exporting()._call("cortex_m_export", name=name, model=model, inputs=saved_inputs,
                                        target=target, out=folder, quantized=quantized)
 
@@ -187,3 +171,15 @@ class EtOracle:
         self._call("export", model_py=source, out_pte=out_pte)
         return out_pte
 
+
+def _saved_job(module, inputs, folder: str | os.PathLike, name: str) -> tuple[Path, Path]:
+    """``module`` exported and saved (.pt2) into ``folder`` (made if missing) beside its inputs (.pt)."""
+    import torch
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    inputs = tuple(inputs)
+    model, saved_inputs = folder / f"{name}.pt2", folder / f"{name}.inputs.pt"
+    torch.export.save(torch.export.export(module, inputs), model)
+    torch.save(inputs, saved_inputs)
+    return model, saved_inputs
