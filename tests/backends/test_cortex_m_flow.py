@@ -13,7 +13,7 @@ from tosakit.backends.cortex_m.ops import scratch_buffer
 from tosakit.capture import export
 from tosakit.capture.graph import graph_attr
 from tosakit.flow import compile
-from tosakit.runtime import load
+from tosakit.runtime import LoadedProgram, load
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
@@ -231,3 +231,49 @@ def test_cortex_m_fallback_needs_an_ethos_u_delegate(tmp_path, capsys):
     assert main(["compile", "-m", "add", "--delegate", "--cortex-m-fallback", "cortex-m9", "-o",
                  str(tmp_path / "a.pte")]) == 2
     assert "cortex-m9" in capsys.readouterr().err and not (tmp_path / "a.pte").exists()
+
+
+class Activations(torch.nn.Module):
+    """Element-wise functions between quantized tensors: hardswish and hardsigmoid (decomposed by torch into add,
+    clamp, mul and div), sigmoid, a product with a quantized constant, GELU, tanh."""
+
+    def forward(self, x):
+        a = torch.nn.functional.hardsigmoid(torch.sigmoid(torch.nn.functional.hardswish(x)) * 0.5)
+        return torch.tanh(torch.nn.functional.gelu(a) * 3.0)
+
+
+def test_element_wise_chains_become_tables_equal_to_the_fake_quantized_model_int():
+    """Each int8 -> int8 chain is one quantized_activation whose table is what the fake-quantized model computes:
+    the program equals it bit for bit on each of the 256 input integers (fed as their real values: a real value
+    half-way between two steps quantizes by x/scale in one and x*(1/scale) in the other)."""
+    from tosakit.runtime import evaluate_exact
+
+    x = torch.linspace(-6, 6, 4 * 64).reshape(1, 4, 8, 8)
+    compiled = compile(Activations(), (x,), "cortex-m55", quantize=True)
+    targets = [str(n.target) for n in compiled.edge.program.graph_module.graph.nodes if n.op == "call_function"]
+    assert targets.count("cortex_m.quantized_activation.default") >= 3
+    assert not [t for t in targets if t.startswith("aten.")], targets
+    first = next(n for n in compiled.edge.program.graph_module.graph.nodes
+                 if str(n.target) == "cortex_m.quantize_per_tensor.default")
+    scale, zero_point = first.args[1], first.args[2]
+    grid = ((torch.arange(-128, 128) - zero_point) * scale).reshape(1, 4, 8, 8)  # every input integer, no ties
+    got = LoadedProgram(compiled.program.buffer, "activations.pte").run([grid])[0]
+    assert torch.equal(got, evaluate_exact(compiled.quantized, grid)[0])
+
+
+def test_mv3_leaves_no_compute_to_portable_kernels(tmp_path):
+    """MobileNetV3 for cortex-m55: hardswish and hardsigmoid are tables, the squeeze-excite gates channel-broadcast
+    cortex_m muls; nothing but data moves stays a portable kernel, and the program tracks the fake-quantized
+    model."""
+    from tosakit.runtime import evaluate_exact
+    from tosakit.zoo import MODELS
+
+    model, inputs = MODELS["mv3"].factory()
+    compiled = compile(model.eval(), inputs, "cortex-m55", quantize=True)
+    (tmp_path / "mv3.pte").write_bytes(compiled.program.buffer)
+    program = load(tmp_path / "mv3.pte")
+    operators = {o.name + (f".{o.overload}" if o.overload else "") for o in program.plan().operators}
+    assert {"cortex_m::quantized_activation.out", "cortex_m::quantized_mul.out"} <= operators
+    assert not {o for o in operators if not o.startswith("cortex_m::")} - DATA_MOVES, operators
+    got, want = program.run(list(inputs))[0], evaluate_exact(compiled.quantized, *inputs)[0]
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), 0) > 0.95

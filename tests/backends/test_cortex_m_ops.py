@@ -31,19 +31,28 @@ def _bounds(rng):
     return low, int(rng.choice([127, 127, int(rng.integers(low + 1, 128))]))
 
 
-def _add_args(rng):
+def _operands(rng):
+    """Two int8 operands: equal shapes, or (a third of the time) a channels-last map and one value per channel."""
     shape = tuple(int(d) for d in rng.integers(1, 6, 4))
-    s1, s2, so = _scale(rng), _scale(rng), _scale(rng)
+    if rng.integers(3):
+        return _int8(rng, shape), _int8(rng, shape)
+    last = torch.channels_last
+    a, b = _int8(rng, shape).contiguous(memory_format=last), _int8(rng, (1, shape[1], 1, 1)).contiguous(memory_format=last)
+    return (a, b) if rng.integers(2) else (b, a)
+
+
+def _add_args(rng):
+    (a, b), (s1, s2, so) = _operands(rng), (_scale(rng), _scale(rng), _scale(rng))
     double = 2 * max(s1, s2)
     low, high = _bounds(rng)
-    return [_int8(rng, shape), int(rng.integers(-128, 128)), *multiplier_shift(s1 / double), _int8(rng, shape),
+    return [a, int(rng.integers(-128, 128)), *multiplier_shift(s1 / double), b,
             int(rng.integers(-128, 128)), *multiplier_shift(s2 / double), int(rng.integers(-128, 128)),
             *multiplier_shift(double / (so * (1 << 20))), low, high]
 
 
 def _mul_args(rng):
-    shape = tuple(int(d) for d in rng.integers(1, 6, 3))
-    return [_int8(rng, shape), int(rng.integers(-128, 128)), _int8(rng, shape), int(rng.integers(-128, 128)),
+    a, b = _operands(rng)
+    return [a, int(rng.integers(-128, 128)), b, int(rng.integers(-128, 128)),
             int(rng.integers(-128, 128)), *multiplier_shift(_scale(rng) * _scale(rng) / _scale(rng))]
 
 
@@ -140,10 +149,15 @@ def _pad_args(rng):
             int(rng.integers(-128, 128))]
 
 
+def _activation_args(rng):
+    return [_int8(rng, tuple(int(d) for d in rng.integers(1, 6, 3))), _int8(rng, (256,))]
+
+
 ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_linear": _linear_args,
              "quantized_conv2d": _conv_args, "quantized_depthwise_conv2d": _depthwise_args,
              "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args,
-             "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args}
+             "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args,
+             "quantized_activation": _activation_args}
 
 
 def test_every_operator_has_cases():

@@ -43,6 +43,7 @@ SCHEMAS: dict[str, str] = {
                             "bool ceil_mode, int input_zero_point, int output_zero_point, int activation_min, "
                             "int activation_max",
     "pad": "Tensor input, int[] pre_pad, int[] post_pad, int pad_value",
+    "quantized_activation": "Tensor input, Tensor lut",
     "quantized_depthwise_conv2d": "Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
                                   "int[] dilation, int depth_multiplier, int input_offset, int output_offset, "
                                   "Tensor requantize_multipliers, Tensor requantize_shifts, int activation_min, "
@@ -188,6 +189,11 @@ def pad(x, pre_pad, post_pad, pad_value):
     return F.pad(x, widths, mode="constant", value=pad_value)
 
 
+def quantized_activation(x, lut):
+    """A 256-entry int8 table indexed by the input + 128: any int8 -> int8 element-wise function."""
+    return lut[x.to(torch.int32) + 128].to(torch.int8)
+
+
 def _pool_shape(x, kernel, stride, padding, ceil_mode, dilation=(1, 1)):
     size = []
     for i in range(2):
@@ -240,6 +246,7 @@ OPERATORS: dict[str, Operator] = {
     "quantized_max_pool2d": Operator(quantized_max_pool2d,
                                      lambda x, k, s, p, d, c, *r: _pool_shape(x, k, s, p, c, d)),
     "pad": Operator(pad, _pad_shape),
+    "quantized_activation": Operator(quantized_activation, lambda x, lut: torch.empty_like(x)),
     "quantized_depthwise_conv2d": Operator(quantized_depthwise_conv2d,
                                            lambda x, w, b, s, p, d, *r: _conv_shape(x, w.shape[1:3], s, p, d,
                                                                                     w.shape[3])),

@@ -168,15 +168,14 @@ def linear(gm: GraphModule, isa: str) -> GraphModule:
 
 
 def add(gm: GraphModule, isa: str) -> GraphModule:
-    """dq, dq -> add/sub (equal shapes) -> q: quantized_add, each operand rescaled to twice the larger scale after
+    """dq, dq -> add/sub (equal shapes, or a map and one value per channel) -> q: quantized_add, each operand rescaled to twice the larger scale after
     CMSIS-NN's 20-bit left shift."""
     for node in list(gm.graph.nodes):
         if node.target not in (aten.add.Tensor, aten.sub.Tensor) or len(node.args) != 2:
             continue
         a, b, end = _input(node.args[0]), _input(node.args[1]), _output(node)
         alpha = node.kwargs.get("alpha", 1)
-        if a is None or b is None or end is None or not isinstance(alpha, int) or \
-                a[0].meta["val"].shape != b[0].meta["val"].shape:
+        if a is None or b is None or end is None or not isinstance(alpha, int) or not _elementwise_shapes(a[0], b[0]):
             continue
         coef = alpha if node.target == aten.add.Tensor else -alpha
         (sa, qa), (sb, qb), (out, qout, low, high) = a, b, end
@@ -192,6 +191,12 @@ def add(gm: GraphModule, isa: str) -> GraphModule:
     return _clean(gm)
 
 
+def _elementwise_shapes(a: Node, b: Node) -> bool:
+    """Operands CMSIS-NN's element-wise kernels take: equal shapes, or a 4-D map and one value per channel."""
+    x, y = a.meta["val"].shape, b.meta["val"].shape
+    return x == y or (len(x) == len(y) == 4 and x[1] == y[1] and min(x.numel(), y.numel()) == x[1])
+
+
 def _add_overflows(qa: QParams, qb: QParams, sa: float, sb: float, double: float, out_shift: int) -> bool:
     """Whether the kernel's int32 sum, shifted left by a positive output shift, can overflow (ExecuTorch refuses
     those adds)."""
@@ -203,13 +208,13 @@ def _add_overflows(qa: QParams, qb: QParams, sa: float, sb: float, double: float
 
 
 def mul(gm: GraphModule, isa: str) -> GraphModule:
-    """dq, dq -> mul (equal shapes) -> q: quantized_mul."""
+    """dq, dq -> mul (equal shapes, or a map and one value per channel: a squeeze-excite gate) -> q:
+    quantized_mul."""
     for node in list(gm.graph.nodes):
         if node.target != aten.mul.Tensor:
             continue
         a, b, end = _input(node.args[0]), _input(node.args[1]), _output(node)
-        if a is None or b is None or end is None or a[0].meta["val"].shape != b[0].meta["val"].shape or \
-                end[2:] != (-128, 127):
+        if a is None or b is None or end is None or not _elementwise_shapes(a[0], b[0]) or end[2:] != (-128, 127):
             continue
         (sa, qa), (sb, qb), (out, qout, _, _) = a, b, end
         _replace(gm, out, cm.quantized_mul.default, (sa, qa.zp, sb, qb.zp, qout.zp,
@@ -300,6 +305,77 @@ def max_pool(gm: GraphModule, isa: str) -> GraphModule:
     return _clean(gm)
 
 
+# Element-wise ops a table can hold (their other operands numbers): what quantize(f(dequantize(x))) computes for
+# each of the 256 int8 values.
+ELEMENTWISE = {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor, aten.mul.Scalar,
+               aten.div.Tensor, aten.div.Scalar, aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
+               aten.relu.default, aten.hardtanh.default, aten.hardswish.default, aten.hardsigmoid.default,
+               aten.sigmoid.default, aten.tanh.default, aten.exp.default, aten.log.default, aten.gelu.default,
+               aten.silu.default, aten.neg.default, aten.abs.default, aten.sqrt.default, aten.rsqrt.default,
+               aten.reciprocal.default, aten.erf.default, aten.leaky_relu.default, aten.elu.default,
+               aten.pow.Tensor_Scalar, aten.minimum.default, aten.maximum.default}
+MAX_TABLE_OPS = 16
+
+
+def _scalar_constant(gm: GraphModule, node: Node) -> torch.Tensor | None:
+    """The real value of a dequantized one-element constant (``x * 0.5`` quantizes its 0.5), else None."""
+    if not (is_dequantize(node) and isinstance(node.args[0], Node) and node.args[0].op == "get_attr"):
+        return None
+    value = graph_attr(gm, node.args[0])
+    return qparams_of(node, gm).dequantize(value, torch.float64) if value.numel() == 1 else None
+
+
+def _function_of_one_input(gm: GraphModule, out: Node) -> tuple[list[Node], dict, tuple] | None:
+    """The element-wise ops between quantize ``out`` and the dequantizes of one int8 tensor (all with the same
+    qparams) that feed them (besides one-element constants), in graph order; the leaves' values for the 256 int8
+    inputs; that tensor and its qparams. None unless every value the ops make is read inside."""
+    ops, leaves, stack = [], [], [out.args[0]]
+    while stack:
+        node = stack.pop()
+        if node in ops or node in leaves:
+            continue
+        if not isinstance(node, Node):
+            return None
+        if is_dequantize(node):
+            leaves.append(node)
+            continue
+        if node.op != "call_function" or node.target not in ELEMENTWISE or len(ops) >= MAX_TABLE_OPS:
+            return None
+        ops.append(node)
+        stack += [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, Node)]
+    constants = {d: _scalar_constant(gm, d) for d in leaves}
+    variable = [d for d in leaves if constants[d] is None]
+    sources = {(_input(d)[0], _input(d)[1].s, _input(d)[1].zp) if _input(d) else None for d in variable}
+    inside = set(ops) | {out}
+    if not ops or len(sources) != 1 or None in sources or any(set(n.users) - inside for n in ops) or \
+            any(set(d.users) - inside for d in variable):
+        return None
+    source = _input(variable[0])
+    every_int8 = source[1].dequantize(torch.arange(-128, 128, dtype=torch.int8), torch.float64)
+    values = {d: every_int8 if constants[d] is None else constants[d] for d in leaves}
+    order = {n: k for k, n in enumerate(out.graph.nodes)}
+    return sorted(ops, key=order.get), values, source
+
+
+def table(gm: GraphModule, isa: str) -> GraphModule:
+    """An int8 -> int8 chain of element-wise ops (hardswish as torch decomposes it, sigmoid, GELU, ...):
+    quantized_activation with its 256 outputs, computed as the fake-quantized model computes them (float64 between
+    the dequantize and the quantize)."""
+    for out in list(gm.graph.nodes):
+        q = _int8_tensor(out) if is_quantize(out) else None
+        found = _function_of_one_input(gm, out) if q is not None else None
+        if found is None:
+            continue
+        ops, values, (src, _) = found
+        for node in ops:
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
+            values[node] = node.target(*args, **kwargs).to(torch.float64)
+        lut = q.quantize(values[out.args[0]])
+        _replace(gm, out, cm.quantized_activation.default,
+                 (src, _attr(gm, f"_cortex_m_{out.name}_lut", lut.to(torch.int8), out)))
+    return _clean(gm)
+
+
 def passthrough(gm: GraphModule, isa: str) -> GraphModule:
     """dq -> a data-movement op (view, permute, ...) -> q with the same qparams: the op on the integers."""
     for node in list(gm.graph.nodes):
@@ -335,7 +411,8 @@ def _clean(gm: GraphModule) -> GraphModule:
     return gm
 
 
-PIPELINE: list[Callable] = [convolution, linear, add, mul, mean, avg_pool, max_pool, passthrough, boundaries]
+PIPELINE: list[Callable] = [convolution, linear, add, mul, mean, avg_pool, max_pool, table, passthrough,
+                             boundaries]
 
 
 def pipeline(isa: str) -> list[Callable[[GraphModule], GraphModule]]:
