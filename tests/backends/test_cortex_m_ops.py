@@ -153,11 +153,25 @@ def _activation_args(rng):
     return [_int8(rng, tuple(int(d) for d in rng.integers(1, 6, 3))), _int8(rng, (256,))]
 
 
+def _transpose_args(rng):
+    rank = int(rng.integers(1, 5))
+    return [_int8(rng, tuple(int(d) for d in rng.integers(1, 5, rank))), [int(d) for d in rng.permutation(rank)]]
+
+
+def _batch_matmul_args(rng):
+    # K <= 16 keeps ExecuTorch's float32 accumulation exact (|acc| < 2**24); tosakit's is exact at any K.
+    b, m, n, k = (int(d) for d in rng.integers(1, 7, 4)) if rng.integers(2) else (1, 8, 8, 16)
+    return [_int8(rng, (b, m, k)), -int(rng.integers(-128, 128)), _int8(rng, (b, n, k)), -int(rng.integers(-128, 128)),
+            int(rng.integers(-128, 128)), *multiplier_shift(_scale(rng) * _scale(rng) / _scale(rng)),
+            torch.zeros(4 * n, dtype=torch.uint8)]
+
+
 ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_linear": _linear_args,
              "quantized_conv2d": _conv_args, "quantized_depthwise_conv2d": _depthwise_args,
              "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args,
              "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args,
-             "quantized_activation": _activation_args}
+             "quantized_activation": _activation_args, "transpose": _transpose_args,
+             "quantized_batch_matmul": _batch_matmul_args}
 
 
 def test_every_operator_has_cases():

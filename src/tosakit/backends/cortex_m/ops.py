@@ -44,6 +44,9 @@ SCHEMAS: dict[str, str] = {
                             "int activation_max",
     "pad": "Tensor input, int[] pre_pad, int[] post_pad, int pad_value",
     "quantized_activation": "Tensor input, Tensor lut",
+    "transpose": "Tensor input, int[] perm",
+    "quantized_batch_matmul": "Tensor lhs, int lhs_zero_point, Tensor rhs_transposed, int rhs_zero_point, "
+                              "int output_zero_point, int output_multiplier, int output_shift, Tensor scratch",
     "quantized_depthwise_conv2d": "Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
                                   "int[] dilation, int depth_multiplier, int input_offset, int output_offset, "
                                   "Tensor requantize_multipliers, Tensor requantize_shifts, int activation_min, "
@@ -194,6 +197,18 @@ def quantized_activation(x, lut):
     return lut[x.to(torch.int32) + 128].to(torch.int8)
 
 
+def transpose(x, perm):
+    """The permuted tensor, laid out contiguously."""
+    return x.permute(tuple(perm)).contiguous()
+
+
+def quantized_batch_matmul(lhs, lhs_offset, rhs_transposed, rhs_offset, out_zp, out_mult, out_shift, scratch):
+    """[B, M, K] x [B, N, K] (the right operand transposed), offsets added, accumulated exactly in int64 (CMSIS-NN's
+    int32 accumulator; ExecuTorch's reference accumulates in float32, exact below 2**24)."""
+    acc = torch.bmm(lhs.to(torch.int64) + lhs_offset, (rhs_transposed.to(torch.int64) + rhs_offset).transpose(1, 2))
+    return _saturate(requantize(acc.to(torch.int32), out_mult, out_shift) + out_zp, -128, 127)
+
+
 def _pool_shape(x, kernel, stride, padding, ceil_mode, dilation=(1, 1)):
     size = []
     for i in range(2):
@@ -247,6 +262,9 @@ OPERATORS: dict[str, Operator] = {
                                      lambda x, k, s, p, d, c, *r: _pool_shape(x, k, s, p, c, d)),
     "pad": Operator(pad, _pad_shape),
     "quantized_activation": Operator(quantized_activation, lambda x, lut: torch.empty_like(x)),
+    "transpose": Operator(transpose, lambda x, perm: x.permute(tuple(perm)).contiguous()),
+    "quantized_batch_matmul": Operator(quantized_batch_matmul,
+                                       lambda a, az, b, *r: a.new_empty((a.shape[0], a.shape[1], b.shape[1]))),
     "quantized_depthwise_conv2d": Operator(quantized_depthwise_conv2d,
                                            lambda x, w, b, s, p, d, *r: _conv_shape(x, w.shape[1:3], s, p, d,
                                                                                     w.shape[3])),

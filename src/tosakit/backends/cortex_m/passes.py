@@ -392,6 +392,46 @@ def passthrough(gm: GraphModule, isa: str) -> GraphModule:
     return _clean(gm)
 
 
+def batch_matmul(gm: GraphModule, isa: str) -> GraphModule:
+    """dq, dq -> bmm ([B, M, K] x [B, K, N]) -> q: quantized_batch_matmul of the left operand and the right one
+    transposed (a constant stored so, else a cortex_m transpose)."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.bmm.default:
+            continue
+        a, end = _input(node.args[0]), _output(node)
+        b = _input(node.args[1]) or None
+        constant = _constant(gm, node.args[1])
+        if a is None or end is None or end[2:] != (-128, 127) or (b is None and constant is None) or \
+                (constant is not None and (constant[1].numel() != 1 or constant[0].dtype != torch.int8)):
+            continue
+        (src, qa), (out, qout, _, _) = a, end
+        if constant is not None:
+            values, scale, zero_point = constant
+            rhs = _attr(gm, f"_cortex_m_{node.name}_rhs", values.transpose(1, 2).contiguous(), node)
+            qb_s, qb_zp = float(scale[0]), int(zero_point[0])
+        else:
+            (right, qb), val = b, b[0].meta["val"]
+            with gm.graph.inserting_before(out):
+                rhs = gm.graph.call_function(cm.transpose.default, (right, [0, 2, 1]))
+            rhs.meta["val"] = val.transpose(1, 2).contiguous()
+            qb_s, qb_zp = qb.s, qb.zp
+        n = int(node.meta["val"].shape[2])
+        _replace(gm, out, cm.quantized_batch_matmul.default,
+                 (src, -qa.zp, rhs, -qb_zp, qout.zp, *multiplier_shift(qa.s * qb_s / qout.s),
+                  _scratch(gm, 4 * n if isa == "MVE" else 0, out)))
+    return _clean(gm)
+
+
+def transpose(gm: GraphModule, isa: str) -> GraphModule:
+    """A permute of int8 values (left by passthrough between a dequantize and a quantize): cortex_m transpose."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.target == aten.permute.default and isinstance(val, torch.Tensor) and val.dtype == torch.int8:
+            node.target, node.args = cm.transpose.default, (node.args[0], [d % val.dim() for d in node.args[1]])
+    gm.recompile()
+    return gm
+
+
 def boundaries(gm: GraphModule, isa: str) -> GraphModule:
     """The per-tensor int8 quantize/dequantize left (at the program's edges, around portable kernels):
     cortex_m's, with the same arguments."""
@@ -411,8 +451,8 @@ def _clean(gm: GraphModule) -> GraphModule:
     return gm
 
 
-PIPELINE: list[Callable] = [convolution, linear, add, mul, mean, avg_pool, max_pool, table, passthrough,
-                             boundaries]
+PIPELINE: list[Callable] = [convolution, linear, add, mul, batch_matmul, mean, avg_pool, max_pool, table,
+                             passthrough, transpose, boundaries]
 
 
 def pipeline(isa: str) -> list[Callable[[GraphModule], GraphModule]]:
