@@ -57,8 +57,21 @@ class Scores(torch.nn.Module):
         return torch.bmm(torch.bmm(q, k.transpose(1, 2)), k)
 
 
+class Upsample(torch.nn.Module):
+    """Transposed convolutions: few input channels (CMSIS-NN's row kernel), then more than 16 (its reversed
+    convolution)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(4, 20, 2, stride=2)
+        self.up2 = torch.nn.ConvTranspose2d(20, 3, 3, stride=2, padding=1)
+
+    def forward(self, x, y):
+        return self.up2(torch.relu(self.up(x)))
+
+
 NETS = {"conv_block": (ConvBlock, ((1, 3, 6, 6), (1, 8, 6, 6))), "pool_net": (PoolNet, ((1, 3, 12, 12), (1, 8, 6, 6))),
-        "scores": (Scores, ((2, 4, 8), (2, 5, 8)))}
+        "scores": (Scores, ((2, 4, 8), (2, 5, 8))), "upsample": (Upsample, ((1, 4, 5, 5), (1, 1, 1, 1)))}
 
 
 def _calls(gm) -> list[tuple[str, list]]:
@@ -111,7 +124,7 @@ def test_same_kernels_and_arguments_as_executorch_int(target, net, et_oracle, tm
     assert {"conv_block": {"quantized_conv2d", "quantized_depthwise_conv2d", "quantized_add", "quantized_mul",
                            "quantized_linear"},
             "pool_net": {"quantized_max_pool2d", "quantized_avg_pool2d", "pad"},
-            "scores": {"quantized_batch_matmul", "transpose"}}[net] <= {op for op, _ in ours}
+            "scores": {"quantized_batch_matmul", "transpose"}, "upsample": {"quantized_transpose_conv2d"}}[net] <= {op for op, _ in ours}
     for (op, mine), (_, their) in zip(ours, theirs):
         assert len(mine) == len(their), op
         for k, (m, t) in enumerate(zip(mine, their)):

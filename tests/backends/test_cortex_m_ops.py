@@ -166,12 +166,25 @@ def _batch_matmul_args(rng):
             torch.zeros(4 * n, dtype=torch.uint8)]
 
 
+def _transpose_conv_args(rng):
+    cin, cout = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    kh, kw = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    stride = [int(s) for s in rng.integers(1, 4, 2)]
+    padding = [int(rng.integers(0, kh)), int(rng.integers(0, kw))]
+    x = _int8(rng, (1, cin, int(rng.integers(1, 6)), int(rng.integers(1, 6))))
+    bias = torch.from_numpy(rng.integers(-20000, 20000, cout, dtype=np.int32)) if rng.integers(3) else None
+    mult, shift, low, high = _conv_common(rng, cout)
+    return [x.contiguous(memory_format=torch.channels_last), _int8(rng, (cout, kh, kw, cin)), bias, stride, padding,
+            [0, 0], [1, 1], -int(rng.integers(-128, 128)), int(rng.integers(-128, 128)), mult, shift, low, high,
+            torch.zeros(16, dtype=torch.uint8), torch.zeros(0, dtype=torch.uint8)]
+
+
 ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_linear": _linear_args,
              "quantized_conv2d": _conv_args, "quantized_depthwise_conv2d": _depthwise_args,
              "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args,
              "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args,
              "quantized_activation": _activation_args, "transpose": _transpose_args,
-             "quantized_batch_matmul": _batch_matmul_args}
+             "quantized_batch_matmul": _batch_matmul_args, "quantized_transpose_conv2d": _transpose_conv_args}
 
 
 def test_every_operator_has_cases():

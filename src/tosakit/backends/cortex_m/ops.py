@@ -37,6 +37,10 @@ SCHEMAS: dict[str, str] = {
     "quantized_conv2d": "Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
                         "int input_offset, int output_offset, Tensor requantize_multipliers, "
                         "Tensor requantize_shifts, int activation_min, int activation_max, Tensor scratch",
+    "quantized_transpose_conv2d": "Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
+                                  "int[] output_padding, int[] dilation, int input_offset, int output_offset, "
+                                  "Tensor requantize_multipliers, Tensor requantize_shifts, int activation_min, "
+                                  "int activation_max, Tensor scratch, Tensor output_scratch",
     "quantized_avg_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, bool ceil_mode, "
                             "int zero_point, int multiplier, int shift, Tensor scratch",
     "quantized_max_pool2d": "Tensor input, int[] kernel_size, int[] stride, int[] padding, int[] dilation, "
@@ -153,6 +157,25 @@ def quantized_depthwise_conv2d(x, weight, bias, stride, padding, dilation, depth
                  output_offset, multipliers, shifts, act_min, act_max)
 
 
+def quantized_transpose_conv2d(x, weight, bias, stride, padding, output_padding, dilation, input_offset,
+                               output_offset, multipliers, shifts, act_min, act_max, scratch, output_scratch):
+    """``weight`` OHWI; accumulated exactly (float64 holds every sum of int8 products and an int32 bias; ExecuTorch's
+    reference accumulates in float32, exact below 2**24)."""
+    acc = F.conv_transpose2d(x.to(torch.float64) + int(input_offset), weight.permute(3, 0, 1, 2).to(torch.float64),
+                             None if bias is None else bias.to(torch.float64), tuple(stride), tuple(padding),
+                             tuple(output_padding), x.shape[1] // weight.shape[3], tuple(dilation))
+    per_channel = (-1, 1, 1)
+    out = requantize(acc.round().to(torch.int32), multipliers.reshape(per_channel), shifts.reshape(per_channel))
+    return _saturate(out + output_offset, act_min, act_max).contiguous(memory_format=torch.channels_last)
+
+
+def _transpose_conv_shape(x, w, b, stride, padding, output_padding, dilation, *rest):
+    size = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (w.shape[1 + i] - 1) + output_padding[i]
+            + 1 for i in range(2)]
+    return torch.empty((x.shape[0], w.shape[0], *size), dtype=torch.int8, device=x.device).contiguous(
+        memory_format=torch.channels_last)
+
+
 def _real_scale(multiplier: int, shift: int) -> float:
     return multiplier * (2 ** shift) / (1 << 31)
 
@@ -257,6 +280,7 @@ OPERATORS: dict[str, Operator] = {
     "quantized_linear": Operator(quantized_linear, lambda x, w, *r: x.new_empty((*x.shape[:-1], w.shape[0]))),
     "quantized_conv2d": Operator(quantized_conv2d, lambda x, w, b, s, p, d, *r: _conv_shape(x, w.shape[1:3], s, p, d,
                                                                                             w.shape[0])),
+    "quantized_transpose_conv2d": Operator(quantized_transpose_conv2d, _transpose_conv_shape),
     "quantized_avg_pool2d": Operator(quantized_avg_pool2d, lambda x, k, s, p, c, *r: _pool_shape(x, k, s, p, c)),
     "quantized_max_pool2d": Operator(quantized_max_pool2d,
                                      lambda x, k, s, p, d, c, *r: _pool_shape(x, k, s, p, c, d)),

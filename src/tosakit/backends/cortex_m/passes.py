@@ -14,7 +14,7 @@ from torch.fx import GraphModule, Node
 from ...capture.graph import graph_attr
 from ...quantize.qdq import PASSTHROUGH, QParams, is_dequantize, is_quantize, qparams_of
 from .ops import multiplier_shift, scratch_buffer
-from .scratch import conv_scratch, depthwise_scratch
+from .scratch import conv_scratch, depthwise_scratch, transpose_conv_scratch
 
 aten = torch.ops.aten
 cm = torch.ops.cortex_m
@@ -135,6 +135,32 @@ def convolution(gm: GraphModule, isa: str) -> GraphModule:
             args = (src, w_node, b, stride, padding, dilation, -qin.zp, qout.zp, m, s, low, high,
                     _scratch(gm, size, node))
             _replace(gm, out, cm.quantized_conv2d.default, args)
+    return _clean(gm)
+
+
+def transposed_convolution(gm: GraphModule, isa: str) -> GraphModule:
+    """dq -> transposed convolution (one group, no output padding or dilation; int8 weights, zero point 0) -> q:
+    quantized_transpose_conv2d (weights [Cin, Cout, KH, KW] stored OHWI)."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.convolution.default or not node.args[6]:
+            continue
+        x, weight, bias, end = _input(node.args[0]), _constant(gm, node.args[1]), node.args[2], _output(node)
+        bias_c = _constant(gm, bias) if bias is not None else None
+        stride, padding, dilation, output_padding, groups = node.args[3], node.args[4], node.args[5], node.args[7], \
+            node.args[8]
+        if x is None or weight is None or end is None or (bias is not None and bias_c is None) or groups != 1 or \
+                list(output_padding) != [0, 0] or list(dilation) != [1, 1] or bool((weight[2] != 0).any()):
+            continue
+        (src, qin), (w, w_scales, _), (out, qout, low, high) = x, weight, end
+        cin, cout, kh, kw = w.shape
+        mult, shift = _requantize(qin.s * w_scales.expand(cout) / qout.s)
+        prefix = f"_cortex_m_{node.name}"
+        b = _attr(gm, prefix + "_bias", bias_c[0].to(torch.int32), node) if bias_c is not None else None
+        sizes = transpose_conv_scratch(isa, cin, (kh, kw), cout, int(out.meta["val"].shape[3]), int(padding[1]))
+        _replace(gm, out, cm.quantized_transpose_conv2d.default,
+                 (src, _attr(gm, prefix + "_weight", w.permute(1, 2, 3, 0).to(torch.int8), node), b, stride, padding,
+                  output_padding, dilation, -qin.zp, qout.zp, _attr(gm, prefix + "_mult", mult, node),
+                  _attr(gm, prefix + "_shift", shift, node), low, high, *(_scratch(gm, n, node) for n in sizes)))
     return _clean(gm)
 
 
@@ -451,7 +477,7 @@ def _clean(gm: GraphModule) -> GraphModule:
     return gm
 
 
-PIPELINE: list[Callable] = [convolution, linear, add, mul, batch_matmul, mean, avg_pool, max_pool, table,
+PIPELINE: list[Callable] = [convolution, transposed_convolution, linear, add, mul, batch_matmul, mean, avg_pool, max_pool, table,
                              passthrough, transpose, boundaries]
 
 

@@ -32,3 +32,13 @@ def depthwise_scratch(isa: str, input_shape: tuple[int, ...], kernel: tuple[int,
     if isa == "DSP" and not ((kh, kw) == (3, 3) and max(padding) <= 1):
         return 2 * channels * kh * kw
     return 0
+
+
+def transpose_conv_scratch(isa: str, input_channels: int, kernel: tuple[int, int], out_channels: int,
+                           out_width: int, pad_width: int) -> tuple[int, int]:
+    """A transposed convolution's (scratch, output scratch): up to 16 input channels CMSIS-NN accumulates rows of
+    the output; past that it runs a reversed convolution with an im2col buffer and a weight copy."""
+    kh, kw = kernel
+    if input_channels <= 16:
+        return 4 * (out_width + 2 * pad_width) * kh * out_channels, 0
+    return 4 * _align(input_channels * kh * kw, 16 if isa == "MVE" else 4), out_channels * kh * kw * input_channels
