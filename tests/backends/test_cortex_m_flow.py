@@ -301,3 +301,55 @@ def test_mv3_leaves_no_compute_to_portable_kernels(tmp_path):
     assert not {o for o in operators if not o.startswith("cortex_m::")} - DATA_MOVES, operators
     got, want = program.run(list(inputs))[0], evaluate_exact(compiled.quantized, *inputs)[0]
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), 0) > 0.95
+
+
+LAYER_NETS = ["deep_autoencoder", "ds_cnn", "mobilenet_v1_025", "mv2", "mv3", "resnet8"]  # ExecuTorch validates these
+
+
+@pytest.mark.parametrize("name", LAYER_NETS)
+def test_every_kernel_is_within_one_step_of_the_fake_quantized_layer_int(name):
+    """Layer by layer: each cortex_m:: kernel, fed the fake-quantized model's own integers, gives that model's
+    quantized output within one step (CMSIS-NN requantizes with a 31-bit multiplier and rounds twice; the model
+    rounds the exact product once); most outputs are equal."""
+    import copy
+
+    from torch.fx import Interpreter
+
+    from tosakit.backends.cortex_m.passes import REPLACES, pipeline
+    from tosakit.flow import channels_last, quantize_model
+    from tosakit.program import to_edge_transform_and_lower
+    from tosakit.runtime.delegates import ExactInterpreter
+    from tosakit.specs import CortexMCompileSpec
+    from tosakit.zoo import MODELS
+
+    model, inputs = MODELS[name].factory()
+    model, inputs = channels_last(model.eval(), inputs)
+    before = to_edge_transform_and_lower(export(quantize_model(model, inputs, CortexMCompileSpec()), inputs)) \
+        .program.graph_module
+    after = copy.deepcopy(before)
+    for p in pipeline("MVE"):
+        after = p(after)
+    torch.manual_seed(1)
+    fresh = tuple(torch.randn(x.shape).contiguous(memory_format=torch.channels_last) if x.dim() == 4
+                  else torch.randn(x.shape) for x in inputs)
+    reference: dict = {}
+    ExactInterpreter(before, record=reference).run(*fresh)
+    kernels = [n for n in after.graph.nodes if REPLACES in n.meta and str(n.target).startswith("cortex_m.")]
+    assert kernels
+    constants = Interpreter(after)
+
+    def value(a):
+        if a.op == "get_attr":
+            return constants.fetch_attr(a.target)
+        if a.target is scratch_buffer:
+            return torch.zeros(a.args[0], dtype=torch.uint8)
+        return reference[a.meta.get(REPLACES, a.name)]  # the fake-quantized model's integers
+
+    steps, total = 0, 0
+    for node in kernels:
+        args = torch.fx.node.map_arg(node.args, value)
+        got, want = node.target(*args).to(torch.int32), reference[node.meta[REPLACES]].to(torch.int32)
+        diff = (got - want).abs()
+        assert int(diff.max()) <= 1, (node.name, int(diff.max()))
+        steps, total = steps + int((diff > 0).sum()), total + diff.numel()
+    assert steps <= 0.02 * total, (steps, total)

@@ -18,6 +18,7 @@ from .scratch import conv_scratch, depthwise_scratch, transpose_conv_scratch
 
 aten = torch.ops.aten
 cm = torch.ops.cortex_m
+REPLACES = "cortex_m_replaces"  # a kernel node's meta: the quantize node whose value it computes
 INT8 = (torch.int8, -128, 127)
 # Activations a kernel's output bounds absorb: (low, high) in real numbers from the node's arguments.
 ACTIVATIONS: dict = {aten.relu.default: lambda n: (0.0, None), aten.hardtanh.default: lambda n: (n.args[1], n.args[2]),
@@ -82,7 +83,7 @@ def _replace(gm: GraphModule, output: Node, target, args: tuple) -> Node:
     """``target(*args)`` in place of the pattern ending at quantize ``output``."""
     with gm.graph.inserting_before(output):
         node = gm.graph.call_function(target, args)
-    node.meta = {**output.meta}
+    node.meta = {**output.meta, REPLACES: output.meta.get(REPLACES, output.name)}
     output.replace_all_uses_with(node)
     return node
 
@@ -413,7 +414,7 @@ def passthrough(gm: GraphModule, isa: str) -> GraphModule:
         if qout is None or (qout.s, qout.zp) != (qin.s, qin.zp):
             continue
         node.replace_input_with(src, x)
-        node.meta["val"] = out.meta["val"]
+        node.meta.update(val=out.meta["val"], **{REPLACES: out.name})
         out.replace_all_uses_with(node)
     return _clean(gm)
 
