@@ -16,7 +16,7 @@ from .capture import export, own_state
 from .errors import TosakitError
 from .lower import TOSAPartitioner
 from .program import EdgeProgramManager, ExecutorchProgramManager, to_edge_transform_and_lower
-from .quantize import EthosUQuantizer, QuantizationConfig, TOSAQuantizer, VgfQuantizer
+from .quantize import CortexMQuantizer, EthosUQuantizer, QuantizationConfig, TOSAQuantizer, VgfQuantizer
 from .quantize.config import get_symmetric_quantization_config
 from .targets import CORTEX_M_ISA
 from .specs import ArmCompileSpec, CortexMCompileSpec, EthosUCompileSpec, VgfCompileSpec, compile_spec_for_target
@@ -24,7 +24,8 @@ from .specs import ArmCompileSpec, CortexMCompileSpec, EthosUCompileSpec, VgfCom
 
 def quantizer_for(spec: ArmCompileSpec) -> TOSAQuantizer:
     """The quantizer class that matches a compile spec."""
-    cls = {EthosUCompileSpec: EthosUQuantizer, VgfCompileSpec: VgfQuantizer}.get(type(spec), TOSAQuantizer)
+    cls = {EthosUCompileSpec: EthosUQuantizer, VgfCompileSpec: VgfQuantizer, CortexMCompileSpec: CortexMQuantizer}.get(
+        type(spec), TOSAQuantizer)
     return cls(spec)
 
 
@@ -70,8 +71,6 @@ def quantize_model(model: torch.nn.Module, example_inputs: tuple, spec: ArmCompi
         raise TosakitError(f"cannot quantize for {spec.target_name}: it has no integer TOSA profile",
                            "choose TOSA-1.0+INT, vgf or an Ethos-U target, or do not quantize")
     quantizer = quantizer_for(spec).set_global(config or get_symmetric_quantization_config(is_per_channel=True))
-    if isinstance(spec, CortexMCompileSpec) and config is None:  # CMSIS-NN's fully connected: one weight scale
-        quantizer.set_module_type(torch.nn.Linear, get_symmetric_quantization_config(is_per_channel=False))
     for name, module_config in (module_configs or {}).items():
         quantizer.set_module_name(name, module_config)
     gm = own_state(export(model, example_inputs).module())

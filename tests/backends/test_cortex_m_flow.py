@@ -70,8 +70,20 @@ class Upsample(torch.nn.Module):
         return self.up2(torch.relu(self.up(x)))
 
 
+class Classifier(torch.nn.Module):
+    """A linear classifier's probabilities over the last dimension."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x, y):
+        return torch.softmax(self.fc(x), dim=-1)
+
+
 NETS = {"conv_block": (ConvBlock, ((1, 3, 6, 6), (1, 8, 6, 6))), "pool_net": (PoolNet, ((1, 3, 12, 12), (1, 8, 6, 6))),
-        "scores": (Scores, ((2, 4, 8), (2, 5, 8))), "upsample": (Upsample, ((1, 4, 5, 5), (1, 1, 1, 1)))}
+        "scores": (Scores, ((2, 4, 8), (2, 5, 8))), "upsample": (Upsample, ((1, 4, 5, 5), (1, 1, 1, 1))),
+        "classifier": (Classifier, ((1, 4, 16), (1, 1)))}
 
 
 def _calls(gm) -> list[tuple[str, list]]:
@@ -124,7 +136,9 @@ def test_same_kernels_and_arguments_as_executorch_int(target, net, et_oracle, tm
     assert {"conv_block": {"quantized_conv2d", "quantized_depthwise_conv2d", "quantized_add", "quantized_mul",
                            "quantized_linear"},
             "pool_net": {"quantized_max_pool2d", "quantized_avg_pool2d", "pad"},
-            "scores": {"quantized_batch_matmul", "transpose"}, "upsample": {"quantized_transpose_conv2d"}}[net] <= {op for op, _ in ours}
+            "scores": {"quantized_batch_matmul", "transpose"},
+            "upsample": {"quantized_transpose_conv2d"},
+            "classifier": {"quantized_linear", "softmax"}}[net] <= {op for op, _ in ours}
     for (op, mine), (_, their) in zip(ours, theirs):
         assert len(mine) == len(their), op
         for k, (m, t) in enumerate(zip(mine, their)):

@@ -37,7 +37,8 @@ def _operands(rng):
     if rng.integers(3):
         return _int8(rng, shape), _int8(rng, shape)
     last = torch.channels_last
-    a, b = _int8(rng, shape).contiguous(memory_format=last), _int8(rng, (1, shape[1], 1, 1)).contiguous(memory_format=last)
+    a = _int8(rng, shape).contiguous(memory_format=last)
+    b = _int8(rng, (1, shape[1], 1, 1)).contiguous(memory_format=last)
     return (a, b) if rng.integers(2) else (b, a)
 
 
@@ -73,8 +74,14 @@ def _conv_common(rng, out_channels):
     scales = [_scale(rng) for _ in range(out_channels)]
     pairs = [multiplier_shift(s * 0.02 / 0.05) for s in scales]
     low, high = _bounds(rng)
-    return (torch.tensor([m for m, _ in pairs], dtype=torch.int32), torch.tensor([s for _, s in pairs], dtype=torch.int32),
+    return (torch.tensor([m for m, _ in pairs], dtype=torch.int32),
+            torch.tensor([s for _, s in pairs], dtype=torch.int32),
             low, high)
+
+
+def _spatial(rng, kernel, dilation):
+    """An input height and width the dilated kernel fits in, up to 5 more."""
+    return [int(rng.integers(k * d, k * d + 6)) for k, d in zip(kernel, dilation)]
 
 
 def _conv_args(rng, dilated=False):
@@ -84,7 +91,7 @@ def _conv_args(rng, dilated=False):
     stride = [int(s) for s in rng.integers(1, 3, 2)]
     dilation = [int(d) for d in rng.integers(2, 4, 2)] if dilated else [1, 1]  # ExecuTorch's reference: 1 only
     padding = [int(rng.integers(0, kh)), int(rng.integers(0, kw))]
-    x = _int8(rng, (1, cin, int(rng.integers(kh * dilation[0], kh * dilation[0] + 6)), int(rng.integers(kw * dilation[1], kw * dilation[1] + 6))))
+    x = _int8(rng, (1, cin, *_spatial(rng, (kh, kw), dilation)))
     w = _int8(rng, (cout, kh, kw, cin // groups))
     bias = torch.from_numpy(rng.integers(-20000, 20000, cout, dtype=np.int32)) if rng.integers(3) else None
     mult, shift, low, high = _conv_common(rng, cout)
@@ -98,7 +105,7 @@ def _depthwise_args(rng, dilated=False):
     kh, kw = int(rng.integers(1, 4)), int(rng.integers(1, 4))
     stride = [int(s) for s in rng.integers(1, 3, 2)]
     dilation = [int(d) for d in rng.integers(2, 4, 2)] if dilated else [1, 1]
-    x = _int8(rng, (1, cin, int(rng.integers(kh * dilation[0], kh * dilation[0] + 6)), int(rng.integers(kw * dilation[1], kw * dilation[1] + 6))))
+    x = _int8(rng, (1, cin, *_spatial(rng, (kh, kw), dilation)))
     w = _int8(rng, (1, kh, kw, cin * multiplier))
     bias = torch.from_numpy(rng.integers(-20000, 20000, cin * multiplier, dtype=np.int32))
     mult, shift, low, high = _conv_common(rng, cin * multiplier)
@@ -120,7 +127,8 @@ def _dequantize_args(rng):
 
 def _pool_window(rng):
     k = [int(d) for d in rng.integers(1, 4, 2)]
-    return k, [int(d) for d in rng.integers(1, 3, 2)], [int(rng.integers(0, k[0] // 2 + 1)), int(rng.integers(0, k[1] // 2 + 1))]
+    padding = [int(rng.integers(0, k[0] // 2 + 1)), int(rng.integers(0, k[1] // 2 + 1))]
+    return k, [int(d) for d in rng.integers(1, 3, 2)], padding
 
 
 def _avg_pool_args(rng):
@@ -179,12 +187,21 @@ def _transpose_conv_args(rng):
             torch.zeros(16, dtype=torch.uint8), torch.zeros(0, dtype=torch.uint8)]
 
 
+def _softmax_args(rng):
+    x = _int8(rng, tuple(int(d) for d in rng.integers(1, 7, int(rng.integers(2, 4)))))
+    real = min(_scale(rng) * (1 << 26), float((1 << 31) - 1))
+    mult, shift = multiplier_shift(real)
+    return [x, int(rng.choice([-1, x.dim() - 1])), int(rng.integers(-128, 128)), -128, mult, shift,
+            -int(31 * 2.0 ** 26 / 2.0 ** shift)]
+
+
 ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_linear": _linear_args,
              "quantized_conv2d": _conv_args, "quantized_depthwise_conv2d": _depthwise_args,
              "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args,
              "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args,
              "quantized_activation": _activation_args, "transpose": _transpose_args,
-             "quantized_batch_matmul": _batch_matmul_args, "quantized_transpose_conv2d": _transpose_conv_args}
+             "quantized_batch_matmul": _batch_matmul_args, "quantized_transpose_conv2d": _transpose_conv_args,
+             "softmax": _softmax_args}
 
 
 def test_every_operator_has_cases():

@@ -2,7 +2,7 @@
 
 from .config import (QuantizationConfig, get_symmetric_a8w4_quantization_config, get_symmetric_a16w8_quantization_config,
                      get_symmetric_quantization_config)
-from .quantizer import EthosUQuantizer, TOSAQuantizer, VgfQuantizer
+from .quantizer import CortexMQuantizer, EthosUQuantizer, TOSAQuantizer, VgfQuantizer
 
 __all__ = [
     "QuantizationConfig",
@@ -12,4 +12,5 @@ __all__ = [
     "TOSAQuantizer",
     "EthosUQuantizer",
     "VgfQuantizer",
+    "CortexMQuantizer",
 ]

@@ -10,14 +10,15 @@ from typing import Iterable
 
 import torch
 from torch.fx import GraphModule, Node
-from torchao.quantization.pt2e.quantizer import Quantizer, SharedQuantizationSpec
+from torchao.quantization.pt2e.quantizer import FixedQParamsQuantizationSpec, Quantizer, SharedQuantizationSpec
 
 from ..errors import TosakitError
-from ..specs import ArmCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec, require_spec
+from ..specs import (ArmCompileSpec, CortexMCompileSpec, EthosUCompileSpec, TosaSpecification, VgfCompileSpec,
+                     require_spec)
 from .annotate import (ANNOTATION_KEY, ANNOTATORS, CONFIG_KEY, is_annotated, is_float_tensor, is_weight,
                        state_read_as_written)
 from .calibration import calibrate
-from .config import QuantizationConfig
+from .config import QuantizationConfig, get_symmetric_quantization_config
 from .rewrites import annotation_pipeline
 
 
@@ -72,9 +73,11 @@ class TOSAQuantizer(Quantizer):
         self.module_type_config[module_type] = quantization_config
         return self
 
+    KEEP_WHOLE: frozenset = frozenset()  # composite ops a kernel of the target computes whole
+
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         """Prepare the graph for annotation: constants folded, in-place ops functional, scalar operands tensors."""
-        for rewrite in annotation_pipeline(self.config_for):
+        for rewrite in annotation_pipeline(self.config_for, self.KEEP_WHOLE):
             model = rewrite(model)
         return model
 
@@ -171,3 +174,25 @@ class VgfQuantizer(TOSAQuantizer):
 
     def __init__(self, compile_spec: VgfCompileSpec):
         super().__init__(require_spec(compile_spec, VgfCompileSpec, "VgfQuantizer"))
+
+
+class CortexMQuantizer(TOSAQuantizer):
+    """Quantizer for the direct Cortex-M flow, as ExecuTorch's: linear layers with one weight scale (CMSIS-NN's
+    fully connected takes one), and a softmax kept whole with CMSIS-NN's fixed output (scale 1/256, zero point
+    -128)."""
+
+    KEEP_WHOLE = frozenset({torch.ops.aten.softmax.int, torch.ops.aten._softmax.default})
+    SOFTMAX_OUTPUT = FixedQParamsQuantizationSpec(torch.int8, 1 / 256, -128, -128, 127, torch.per_tensor_affine)
+
+    def __init__(self, compile_spec: CortexMCompileSpec | None = None):
+        super().__init__(require_spec(compile_spec or CortexMCompileSpec(), CortexMCompileSpec, "CortexMQuantizer"))
+        self.set_module_type(torch.nn.Linear, get_symmetric_quantization_config(is_per_channel=False))
+
+    def annotate(self, model: GraphModule) -> GraphModule:
+        """The annotations, the softmax output fixed."""
+        super().annotate(model)
+        for node in model.graph.nodes:
+            ann = node.meta.get(ANNOTATION_KEY)
+            if node.target in self.KEEP_WHOLE and ann is not None and ann.output_qspec is not None:
+                ann.output_qspec = self.SOFTMAX_OUTPUT
+        return model

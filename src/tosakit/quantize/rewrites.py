@@ -168,10 +168,13 @@ def _replace_results(model: GraphModule, node: Node, out: Node | tuple[Node, ...
     model.graph.erase_node(node)
 
 
-def _layers_for_annotation(model: GraphModule, config_for: Callable[[Node], QuantizationConfig | None]) -> GraphModule:
-    """Composite layers become primitives (softmax, norms, attention), so each step gets its own qparams."""
+def _layers_for_annotation(model: GraphModule, config_for: Callable[[Node], QuantizationConfig | None],
+                           keep: frozenset = frozenset()) -> GraphModule:
+    """Composite layers become primitives (softmax, norms, attention), so each step gets its own qparams; those in
+    ``keep`` stay whole (a kernel computes them)."""
     for node in list(model.graph.nodes):
-        rule = DECOMPOSE_FOR_ANNOTATION.get(node.target) if node.op == "call_function" else None
+        rule = DECOMPOSE_FOR_ANNOTATION.get(node.target) if node.op == "call_function" and \
+            node.target not in keep else None
         config = config_for(node) if rule is not None else None
         if config is None or not is_float_tensor(node.args[0]):
             continue  # left float: it stays whole for the float lowering
@@ -305,9 +308,11 @@ def _scalar_to_tensor(model: GraphModule) -> GraphModule:
     return model
 
 
-def annotation_pipeline(config_for: Callable[[Node], QuantizationConfig | None]) -> list[Callable]:
-    """The rewrites before annotation, in the order they run (``config_for`` picks the layers to decompose)."""
+def annotation_pipeline(config_for: Callable[[Node], QuantizationConfig | None],
+                        keep: frozenset = frozenset()) -> list[Callable]:
+    """The rewrites before annotation, in the order they run (``config_for`` picks the layers to decompose, ``keep``
+    the composite ops that stay whole)."""
     return [_without_batch_norm_counters, _bias_before_batch_norm, _functional, fold_constants, addmm_as_linear,
             promote_constants, _drop_same_dtype_casts, _decompose_var,
-            functools.partial(_layers_for_annotation, config_for=config_for), _elementwise_for_annotation,
+            functools.partial(_layers_for_annotation, config_for=config_for, keep=keep), _elementwise_for_annotation,
             _scalar_to_tensor]

@@ -48,6 +48,8 @@ SCHEMAS: dict[str, str] = {
                             "int activation_max",
     "pad": "Tensor input, int[] pre_pad, int[] post_pad, int pad_value",
     "quantized_activation": "Tensor input, Tensor lut",
+    "softmax": "Tensor input, int dim, int input_zero_point, int output_zero_point, int input_multiplier, "
+               "int input_shift, int diff_min",
     "transpose": "Tensor input, int[] perm",
     "quantized_batch_matmul": "Tensor lhs, int lhs_zero_point, Tensor rhs_transposed, int rhs_zero_point, "
                               "int output_zero_point, int output_multiplier, int output_shift, Tensor scratch",
@@ -220,6 +222,17 @@ def quantized_activation(x, lut):
     return lut[x.to(torch.int32) + 128].to(torch.int8)
 
 
+SOFTMAX_INPUT_BITS = 5  # integer bits of CMSIS-NN's softmax input (its multiplier scales by 2**26)
+
+
+def softmax(x, dim, input_zp, output_zp, input_multiplier, input_shift, diff_min):
+    """Probabilities in steps of 1/256 from -128: ExecuTorch's reference computes them in float32 from the input scale
+    the multiplier encodes, and so does this (the same torch operations, so the same ties)."""
+    scale = _real_scale(input_multiplier, input_shift) / (1 << (31 - SOFTMAX_INPUT_BITS))
+    probabilities = torch.softmax((x.to(torch.int32) - int(input_zp)).float() * scale, dim=dim)
+    return (torch.round(probabilities / (1 / 256)) + int(output_zp)).clamp(-128, 127).to(torch.int8)
+
+
 def transpose(x, perm):
     """The permuted tensor, laid out contiguously."""
     return x.permute(tuple(perm)).contiguous()
@@ -286,6 +299,7 @@ OPERATORS: dict[str, Operator] = {
                                      lambda x, k, s, p, d, c, *r: _pool_shape(x, k, s, p, c, d)),
     "pad": Operator(pad, _pad_shape),
     "quantized_activation": Operator(quantized_activation, lambda x, lut: torch.empty_like(x)),
+    "softmax": Operator(softmax, lambda x, *a: torch.empty_like(x)),
     "transpose": Operator(transpose, lambda x, perm: x.permute(tuple(perm)).contiguous()),
     "quantized_batch_matmul": Operator(quantized_batch_matmul,
                                        lambda a, az, b, *r: a.new_empty((a.shape[0], a.shape[1], b.shape[1]))),
