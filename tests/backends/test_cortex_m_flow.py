@@ -218,6 +218,7 @@ def test_zoo_network_as_executorch_lowers_it_int(name, et_oracle, tmp_path):
     assert not {o for o in operators if not o.startswith("cortex_m::")} - DATA_MOVES, operators
     got, want = mine.run(list(inputs)), executorch.run(list(inputs))
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert all(torch.equal(g, w) for g, w in zip(want, torch.load(result["reference"])))  # its reference kernels
     assert len(compiled.program.buffer) <= (tmp_path / f"{name}.pte").stat().st_size
     assert sum(mine.plan().non_const_buffer_sizes) <= sum(executorch.plan().non_const_buffer_sizes)
 
@@ -367,3 +368,19 @@ def test_every_kernel_is_within_one_step_of_the_fake_quantized_layer_int(name):
         assert int(diff.max()) <= 1, (node.name, int(diff.max()))
         steps, total = steps + int((diff > 0).sum()), total + diff.numel()
     assert steps <= 0.02 * total, (steps, total)
+
+
+def test_executorch_mv3_program_runs_equal_to_its_reference_kernels_int(et_oracle, tmp_path):
+    """ExecuTorch's own cortex-m55 program of mv3 (its hardswish as cortex_m::minimum and mul, its tables, pools,
+    convolutions) runs on tosakit's runtime and gives what ExecuTorch's reference kernels give for its lowered
+    graph, bit for bit."""
+    from tosakit.flow import channels_last
+    from tosakit.zoo import MODELS
+
+    model, inputs = MODELS["mv3"].factory()
+    model, inputs = channels_last(model.eval(), inputs)
+    result = et_oracle.cortex_m_export(model, inputs, tmp_path, target="cortex-m55", name="mv3")
+    program = load(result["pte"])
+    assert "cortex_m::minimum" in {o.name for o in program.plan().operators}
+    got, want = program.run(list(inputs)), torch.load(result["reference"])
+    assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))

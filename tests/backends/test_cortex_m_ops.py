@@ -195,13 +195,17 @@ def _softmax_args(rng):
             -int(31 * 2.0 ** 26 / 2.0 ** shift)]
 
 
+def _extremum_args(rng):
+    return list(_operands(rng))
+
+
 ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_linear": _linear_args,
              "quantized_conv2d": _conv_args, "quantized_depthwise_conv2d": _depthwise_args,
              "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args,
              "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args,
              "quantized_activation": _activation_args, "transpose": _transpose_args,
              "quantized_batch_matmul": _batch_matmul_args, "quantized_transpose_conv2d": _transpose_conv_args,
-             "softmax": _softmax_args}
+             "softmax": _softmax_args, "minimum": _extremum_args, "maximum": _extremum_args}
 
 
 def test_every_operator_has_cases():

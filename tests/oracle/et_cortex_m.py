@@ -6,7 +6,8 @@ imports this file):
 - ``cortex_m_export``: its documented flow for a float model (channels-last, CortexMQuantizer, calibrated on the
   example inputs; to_edge_transform_and_lower with its edge config; CortexMPassManager for the target;
   to_executorch), or only its lowering when the job says the model is quantized. Written: the .pte, the quantized
-  graph (.pt2) and each cortex_m call with its non-tensor arguments and its constant tensors (.pt)."""
+  graph (.pt2), each cortex_m call with its non-tensor arguments and its constant tensors (.pt), and the lowered
+  graph's outputs on the inputs by its reference kernels (.pt)."""
 
 import re
 from pathlib import Path
@@ -90,8 +91,10 @@ def cortex_m_export(job: dict) -> dict:
         if n.op == "call_function" and found:
             calls.append({"op": found.group(1), "args": [value(a) for a in n.args]})
     torch.save(tensors, out / "constants.pt")
+    reference = lowered.module()(*inputs)  # its reference kernels, before to_executorch swaps in .out forms
+    torch.save(reference if isinstance(reference, (tuple, list)) else (reference,), out / "reference.pt")
     program = edge.to_executorch(config=ExecutorchBackendConfig(extract_delegate_segments=False))
     pte = out / f"{job['name']}.pte"
     pte.write_bytes(program.buffer)
     return {"pte": str(pte), "quantized": str(out / f"{job['name']}.quantized.pt2"), "calls": calls,
-            "constants": str(out / "constants.pt")}
+            "constants": str(out / "constants.pt"), "reference": str(out / "reference.pt")}

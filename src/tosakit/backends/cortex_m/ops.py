@@ -51,6 +51,8 @@ SCHEMAS: dict[str, str] = {
     "softmax": "Tensor input, int dim, int input_zero_point, int output_zero_point, int input_multiplier, "
                "int input_shift, int diff_min",
     "transpose": "Tensor input, int[] perm",
+    "minimum": "Tensor self, Tensor other",
+    "maximum": "Tensor self, Tensor other",
     "quantized_batch_matmul": "Tensor lhs, int lhs_zero_point, Tensor rhs_transposed, int rhs_zero_point, "
                               "int output_zero_point, int output_multiplier, int output_shift, Tensor scratch",
     "quantized_depthwise_conv2d": "Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
@@ -300,6 +302,8 @@ OPERATORS: dict[str, Operator] = {
     "pad": Operator(pad, _pad_shape),
     "quantized_activation": Operator(quantized_activation, lambda x, lut: torch.empty_like(x)),
     "softmax": Operator(softmax, lambda x, *a: torch.empty_like(x)),
+    "minimum": Operator(torch.minimum, lambda a, b: a.new_empty(torch.broadcast_shapes(a.shape, b.shape))),
+    "maximum": Operator(torch.maximum, lambda a, b: a.new_empty(torch.broadcast_shapes(a.shape, b.shape))),
     "transpose": Operator(transpose, lambda x, perm: x.permute(tuple(perm)).contiguous()),
     "quantized_batch_matmul": Operator(quantized_batch_matmul,
                                        lambda a, az, b, *r: a.new_empty((a.shape[0], a.shape[1], b.shape[1]))),
