@@ -9,7 +9,6 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
-from .backends.cortex_m.passes import pipeline as cortex_m_pipeline
 from .backends.ethosu import EthosUPartitioner
 from .backends.vgf import VgfPartitioner
 from .capture import export, own_state
@@ -110,6 +109,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
     partitioners = [partitioner_for(spec, additional_checks)] if delegate and not direct else []
     step("lower")
     fallback = CORTEX_M_ISA[spec.cortex_m_fallback] if spec.cortex_m_fallback and partitioners else None
+    if direct or fallback:  # imported here: it registers the cortex_m operators with torch (as ExecuTorch does)
+        from .backends.cortex_m.passes import pipeline as cortex_m_pipeline
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners,
                                        transform_passes=cortex_m_pipeline(spec.isa) if direct else None,
                                        cpu_passes=cortex_m_pipeline(fallback) if fallback else None)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.fx import Node
 
-from tosakit.backends.cortex_m.ops import scratch_buffer
+from tosakit.backends.cortex_m.scratch import scratch_buffer
 from tosakit.capture import export
 from tosakit.capture.graph import graph_attr
 from tosakit.flow import compile
@@ -384,3 +384,15 @@ def test_executorch_mv3_program_runs_equal_to_its_reference_kernels_int(et_oracl
     assert "cortex_m::minimum" in {o.name for o in program.plan().operators}
     got, want = program.run(list(inputs)), torch.load(result["reference"])
     assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_importing_tosakit_leaves_the_cortex_m_namespace_to_executorch():
+    """tosakit registers its cortex_m operators only when a Cortex-M flow or kernel needs them: a script that imports
+    tosakit and then ExecuTorch (whose library defines the same namespace) is not refused by torch."""
+    import subprocess
+    import sys
+
+    code = ("import torch, tosakit, tosakit.flow, tosakit.program, tosakit.runtime, tosakit.cli; "
+            "print(hasattr(torch.ops.cortex_m, 'quantized_add'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]

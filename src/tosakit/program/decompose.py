@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..capture import source_of
 from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError, first_line
 from ..partition import NodePlacement
-from ..backends.cortex_m.ops import scratch_buffer
+from ..backends.cortex_m.scratch import scratch_buffer
 from .emit import executorch_call_delegate, out_schema
 
 # Rounds of decomposition one op may take before its pieces all have kernels.

@@ -9,7 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
-from ..backends.cortex_m.ops import scratch_buffer
+from ..backends.cortex_m.scratch import scratch_buffer
 from ..capture import STATE, graph_attr, state_writes
 from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import NHWC, identity, storage_order

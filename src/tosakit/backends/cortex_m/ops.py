@@ -273,12 +273,6 @@ def _conv_shape(x, weight_hw, stride, padding, dilation, channels):
         memory_format=torch.channels_last)
 
 
-def scratch_buffer(size: int) -> torch.Tensor:
-    """Graph marker for a kernel's scratch: a planned buffer of ``size`` bytes, written by no instruction (ExecuTorch's
-    memory.alloc)."""
-    return torch.empty(size, dtype=torch.uint8)
-
-
 @dataclass(frozen=True)
 class Operator:
     """One cortex_m operator: what it computes, and its output for fake tensors."""

@@ -8,7 +8,8 @@ from torch.fx import GraphModule, Node
 
 from ...capture.graph import graph_attr
 from ...quantize.qdq import QParams, is_dequantize, is_quantize, qparams_of
-from .ops import multiplier_shift, scratch_buffer
+from .ops import multiplier_shift
+from .scratch import scratch_buffer
 
 aten = torch.ops.aten
 cm = torch.ops.cortex_m

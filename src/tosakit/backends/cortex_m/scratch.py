@@ -1,8 +1,16 @@
 """The scratch bytes a CMSIS-NN kernel needs, per instruction-set class (SCALAR, DSP, MVE), as ExecuTorch 1.5.1
 sizes them through CMSIS-NN's ``*_get_buffer_size`` functions (measured through its binding, int8 activations and
-weights); a kernel call passes a planned buffer of that size."""
+weights); a kernel call passes a planned buffer of that size (``scratch_buffer``)."""
 
 from __future__ import annotations
+
+import torch
+
+
+def scratch_buffer(size: int) -> torch.Tensor:
+    """Graph marker for a kernel's scratch: a planned buffer of ``size`` bytes, written by no instruction (ExecuTorch's
+    memory.alloc). Here, not in ``ops``, so that emitting a program does not register the cortex_m operators."""
+    return torch.empty(size, dtype=torch.uint8)
 
 
 def _align(value: int, to: int) -> int:
