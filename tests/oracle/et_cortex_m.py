@@ -42,15 +42,14 @@ def cortex_m_schemas(job: dict) -> dict:
 
 
 def cortex_m_export(job: dict) -> dict:
-    """{"name", "model" (.pt2), "inputs" (.pt), "target" (cortex-m55, ...), "out" (folder), "quantized" (bool)}."""
+    """{"name", "model" (.pt2), "inputs" (.pt), "target" (cortex-m55, ...) or "targets" (a list), "out" (folder),
+    "quantized" (bool)}: the model quantized once, lowered for each target into its own folder. The result: the
+    first target's files and calls, and every target's under "targets"."""
     import torch
-    from executorch.backends.cortex_m.edge_compile_config import cortex_m_edge_compile_config
     from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
-    from executorch.backends.cortex_m.target_config import CortexMTargetConfig
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    manager = _passes()
+    _passes()
     out = Path(job["out"])
     out.mkdir(parents=True, exist_ok=True)
     inputs = tuple(torch.load(job["inputs"]))
@@ -62,10 +61,25 @@ def cortex_m_export(job: dict) -> dict:
         prepared(*inputs)
         quantized = torch.export.export(convert_pt2e(prepared), inputs)
     torch.export.save(quantized, out / f"{job['name']}.quantized.pt2")
+    targets = job.get("targets") or [job["target"]]
+    lowered = {t: _lower(quantized, inputs, t, out / t if len(targets) > 1 else out, job["name"]) for t in targets}
+    return {**lowered[targets[0]], "quantized": str(out / f"{job['name']}.quantized.pt2"), "targets": lowered}
+
+
+def _lower(quantized, inputs: tuple, target: str, out: Path, name: str) -> dict:
+    """One target's lowering of the quantized graph: the .pte, each cortex_m call, the constants it reads and the
+    lowered graph's outputs by the reference kernels."""
+    import torch
+    from executorch.backends.cortex_m.edge_compile_config import cortex_m_edge_compile_config
+    from executorch.backends.cortex_m.target_config import CortexMTargetConfig
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+
+    manager = _passes()
+    out.mkdir(parents=True, exist_ok=True)
     edge = to_edge_transform_and_lower(quantized, compile_config=cortex_m_edge_compile_config())
-    target = CortexMTargetConfig.from_target_string(job["target"])
+    config = CortexMTargetConfig.from_target_string(target)
     edge._edge_programs["forward"] = manager.CortexMPassManager(edge.exported_program(),
-                                                                target_config=target).transform()
+                                                                target_config=config).transform()
     lowered = edge.exported_program()
     constants = {**lowered.state_dict, **lowered.constants}
     signature = lowered.graph_signature
@@ -94,7 +108,7 @@ def cortex_m_export(job: dict) -> dict:
     reference = lowered.module()(*inputs)  # its reference kernels, before to_executorch swaps in .out forms
     torch.save(reference if isinstance(reference, (tuple, list)) else (reference,), out / "reference.pt")
     program = edge.to_executorch(config=ExecutorchBackendConfig(extract_delegate_segments=False))
-    pte = out / f"{job['name']}.pte"
+    pte = out / f"{name}.pte"
     pte.write_bytes(program.buffer)
-    return {"pte": str(pte), "quantized": str(out / f"{job['name']}.quantized.pt2"), "calls": calls,
-            "constants": str(out / "constants.pt"), "reference": str(out / "reference.pt")}
+    return {"pte": str(pte), "calls": calls, "constants": str(out / "constants.pt"),
+            "reference": str(out / "reference.pt")}

@@ -144,14 +144,16 @@ class EtOracle:
         self._exporting()._call("cortex_m_op", op=op, args=saved, out=out)
         return torch.load(out)
 
-    def cortex_m_export(self, module, inputs, folder: str | os.PathLike, target: str = "cortex-m55",
+    def cortex_m_export(self, module, inputs, folder: str | os.PathLike, target: str | list[str] = "cortex-m55",
                         name: str = "model", quantized: bool = False) -> dict:
         """A program made by ExecuTorch's Cortex-M flow (tests/oracle/et_cortex_m.py) from ``module`` (a float
         model, channels-last, or with ``quantized`` a quantized graph it only lowers); its result: {"pte",
-        "quantized", "calls": [{"op", "args"}], "constants"}."""
+        "quantized", "calls": [{"op", "args"}], "constants", "reference"}, and with a list of targets (quantized
+        once, lowered for each) every target's under "targets"."""
         model, saved_inputs = _saved_job(module, inputs, folder, name)
+        targets = [target] if isinstance(target, str) else list(target)
         return self._exporting()._call("cortex_m_export", name=name, model=model, inputs=saved_inputs,
-                                       target=target, out=folder, quantized=quantized)
+                                       targets=targets, out=folder, quantized=quantized)
 
     def cortex_m_schemas(self, ops: list[str]) -> dict[str, str]:
         """Each ``cortex_m::op.out`` schema as ExecuTorch 1.5.1 registers it."""
