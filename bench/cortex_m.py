@@ -10,6 +10,18 @@ from pathlib import Path
 NETWORKS = ("mv2", "mv3", "ds_cnn", "mobilenet_v1_025", "resnet8", "deep_autoencoder")
 TARGET = "cortex-m55"
 DATA_MOVES = ("view_copy", "clone", "_clone_dim_order", "quantize_per_tensor", "dequantize_per_tensor")
+# Published latencies (ms) of MLPerf Tiny's four networks (DS-CNN, ResNet-8, MobileNetV1-0.25, the autoencoder) on
+# silicon running CMSIS-NN, beside which the cycle estimates print. (core, clock MHz, source, latencies.)
+PUBLISHED = (
+    ("cortex-m55", 400, "Alif E8, ExecuTorch + CMSIS-NN (issue 35's figures)",
+     {"ds_cnn": 5.82, "resnet8": 15.23, "mobilenet_v1_025": 21.75, "deep_autoencoder": 1.21}),
+    ("cortex-m33", 128, "nRF5340, microTVM + CMSIS-NN (MLPerf Tiny v1.1, Krai; the DSP scale is from its IC)",
+     {"ds_cnn": 1e3 / 13.072, "resnet8": 1e3 / 3.147, "mobilenet_v1_025": 1e3 / 4.286,
+      "deep_autoencoder": 1e3 / 158.957}),
+    ("cortex-m4", 120, "STM32L4R5, microTVM + CMSIS-NN (MLPerf Tiny v1.1, Krai)",
+     {"ds_cnn": 1e3 / 10.018, "resnet8": 1e3 / 2.567, "mobilenet_v1_025": 1e3 / 3.324,
+      "deep_autoencoder": 1e3 / 116.212}),
+)
 
 
 def _figures(pte: Path) -> tuple[int, int, int]:
@@ -46,6 +58,7 @@ def cortex_m(args, out: Path, executorch) -> None:
         torch.save(inputs, folder / f"{name}.inputs.pt")
         jobs.append({"name": name, "target": TARGET, "model": str(folder / f"{name}.pt2"),
                      "inputs": str(folder / f"{name}.inputs.pt"), "out": str(folder / "executorch")})
+    estimates(folder)
     theirs = executorch(jobs)
     print(f"{'network':<18}{'pte bytes tosakit / ET':>28}{'arena bytes':>26}{'portable ops':>16}{'compile s':>14}")
     for name in NETWORKS:
@@ -56,3 +69,19 @@ def cortex_m(args, out: Path, executorch) -> None:
         et = _figures(Path(result["pte"]))
         print(f"{name:<18}{mine[0]:>13,} / {et[0]:>12,}{mine[1]:>13,} / {et[1]:>10,}{mine[2]:>8} / {et[2]:>5}"
               f"{mine[3]:>7.1f} / {result['seconds']:>5.1f}")
+
+
+def estimates(folder: Path) -> None:
+    """Each network's estimated cycles per core (``tosakit inspect --cpu``'s total) beside published latencies."""
+    from tosakit.runtime import load
+    from tosakit.runtime.cpu_cycles import board_for, cpu_cycles
+
+    print(f"\n{'network':<18}{'core':<12}{'estimated cycles':>18}{'estimated ms':>14}{'published ms':>14}{'off':>8}")
+    for core, mhz, source, published in PUBLISHED:
+        board = board_for(core)
+        assert board.clock_hz == mhz * 1e6, (core, board.clock_hz)
+        for name, ms in published.items():
+            c = cpu_cycles(load(folder / f"{name}.pte").plan(), core)
+            mine = c.milliseconds(c.total)
+            print(f"{name:<18}{core:<12}{c.total:>18,}{mine:>14.2f}{ms:>14.2f}{100 * (mine / ms - 1):>+7.0f}%")
+        print(f"  ({core} at {mhz} MHz: {source}; estimated for {board.name})")

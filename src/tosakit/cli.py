@@ -13,7 +13,7 @@ import traceback
 from .cli_commands import (cmd_accuracy, cmd_compile, cmd_demo, cmd_doctor, cmd_generate, cmd_inspect, cmd_models,
                            cmd_run, cmd_sweep)
 from .errors import TosakitError, first_line
-from .targets import ALL_TARGETS
+from .targets import ALL_TARGETS, CORTEX_M_ISA
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("pte")
     i.add_argument("--commands", action="store_true",
                    help="also list each Ethos-U delegate's register command stream, one line per command")
+    i.add_argument("--cpu", default="cortex-m55", choices=list(CORTEX_M_ISA), metavar="CORE",
+                   help="the Cortex-M core the CPU kernels' cycles are estimated for (default cortex-m55): "
+                        + ", ".join(CORTEX_M_ISA))
     _add_limits(i)
     i.set_defaults(func=cmd_inspect)
     a = sub.add_parser("accuracy", help="quantization accuracy of a trained model: float vs fake-quant vs program")

@@ -26,7 +26,7 @@ def cmd_compile(args) -> int:
     )
     start = time.perf_counter()
     run = compile_model(opts)
-    print(summary(run.output, run.edge, run.program, time.perf_counter() - start))
+    print(summary(run.output, run.edge, run.program, time.perf_counter() - start, run.core))
     if run.calibrated_on:
         print(f"calibrated on {run.calibrated_on}")
     if run.verification is not None:
@@ -168,7 +168,7 @@ def cmd_inspect(args) -> int:
     from .runtime.inspect import command_listing, describe
 
     program = load(args.pte, limits=_limits(args))
-    print(describe(program, Path(args.pte).stat().st_size))
+    print(describe(program, Path(args.pte).stat().st_size, args.cpu))
     if args.commands:
         print(command_listing(program))
     return 0

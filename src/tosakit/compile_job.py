@@ -68,6 +68,7 @@ class CompileRun:
     verification: object | None = None
     calibrated_on: str | None = None  # what --quantize calibrated on, in words
     verified_on: str | None = None  # what --verify ran on, in words
+    core: str = "cortex-m55"  # the Cortex-M core the CPU kernels' cycles are estimated for
 
 
 def default_output_name(model: str, target: str, delegate: bool) -> str:
@@ -80,6 +81,7 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     option is checked before the work starts, and nothing is written when the flow fails."""
     from . import flow
     from .report import write_reports
+    from .runtime.cpu_cycles import core_for
     from .specs import EthosUCompileSpec, compile_spec_for_target
     from .zoo import load_model
 
@@ -118,11 +120,13 @@ def compile_model(opts: CompileOptions) -> CompileRun:
         kinds = ", ".join(sorted({str(t.dtype).replace("torch.", "") for t in inputs}))
         calibrated_on = f"nothing: the model has no float op to quantize (its inputs are {kinds}); it runs as it is"
     run = CompileRun(output, compiled.edge, compiled.program, inputs, model, quantized, compiled.verification,
-                     calibrated_on if opts.quantize else None, verified_on if opts.verify else None)
+                     calibrated_on if opts.quantize else None, verified_on if opts.verify else None,
+                     core_for(opts.target, opts.cortex_m_fallback))
     progress.step("writing the program")
     run.program.save(output)
     if folder is not None:
-        write_reports(folder, opts.model_name, opts.target, output, run.edge, run.program, run.verification)
+        write_reports(folder, opts.model_name, opts.target, output, run.edge, run.program, run.verification,
+                      run.core)
     return run
 
 

@@ -12,18 +12,29 @@ import math
 from pathlib import Path
 
 from .errors import write_atomic
+from .program import deserialize_pte
+from .runtime.cpu_cycles import DEFAULT_CORE, CpuCycles, cpu_cycles
 
 
-def write_reports(folder: Path, model_name: str, target: str, output: Path, edge, program, verification=None) -> None:
-    """report.json, report.html and (with per-layer verification) layers.csv, in ``folder``."""
-    write_report(folder / "report.json", model_name, target, output, edge, program, verification)
+def write_reports(folder: Path, model_name: str, target: str, output: Path, edge, program, verification=None,
+                  core: str = DEFAULT_CORE) -> None:
+    """report.json, report.html and (with per-layer verification) layers.csv, in ``folder``; CPU kernels estimated
+    for ``core``."""
+    write_report(folder / "report.json", model_name, target, output, edge, program, verification, core)
     if verification is not None and verification.layers:
         write_layers_csv(folder / "layers.csv", verification.layers)
-    write_html(folder / "report.html", f"{model_name} -> {target}", edge, program, verification)
+    write_html(folder / "report.html", f"{model_name} -> {target}", edge, program, verification, core)
 
 
-def write_report(path: Path, model_name: str, target: str, output: Path, edge, program, verification=None) -> None:
-    """The delegation report as JSON: where every op runs, and each delegate's figures."""
+def cpu_cycles_of(program, core: str = DEFAULT_CORE) -> list[CpuCycles]:
+    """Each method's CPU kernel calls estimated for ``core``; methods that call no kernel left out."""
+    plans = deserialize_pte(program.buffer)[0].execution_plan
+    return [c for c in (cpu_cycles(p, core) for p in plans) if c.calls]
+
+
+def write_report(path: Path, model_name: str, target: str, output: Path, edge, program, verification=None,
+                 core: str = DEFAULT_CORE) -> None:
+    """The delegation report as JSON: where every op runs, each delegate's figures, the CPU kernels' cycles."""
     report = {
         "model": model_name,
         "target": target,
@@ -33,6 +44,7 @@ def write_report(path: Path, model_name: str, target: str, output: Path, edge, p
         "constant_bytes": program.emitted.constant_bytes,
         "cpu_kernels": program.emitted.kernel_ops,
         "runner_memory": [m.as_dict() for m in runner_memories(program)],
+        "cpu_cycles": [c.as_dict() for c in cpu_cycles_of(program, core)],
         "placements": [vars(p) for p in edge.placements],
         "delegates": [
             {**{k: v for k, v in vars(d).items() if k != "report"},
@@ -78,8 +90,8 @@ def runner_memories(program) -> list:
     return [runner_memory(emitted.program, emitted.segments, plan) for plan in emitted.program.execution_plan]
 
 
-def summary(output: Path, edge, program, seconds: float) -> str:
-    """What runs where, and Vela's figures, for the terminal."""
+def summary(output: Path, edge, program, seconds: float, core: str = DEFAULT_CORE) -> str:
+    """What runs where, Vela's figures and the CPU kernels' estimated cycles on ``core``, for the terminal."""
     lines = []
     compute = [p for p in edge.placements if p.compute]
     on_cpu = [p for p in edge.placements if p.placement == "cpu"]
@@ -110,6 +122,7 @@ def summary(output: Path, edge, program, seconds: float) -> str:
         lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{where}")
     if program.emitted.kernel_ops:
         lines.append(f"CPU kernels: {', '.join(program.emitted.kernel_ops)}")
+        lines += [c.summary() for c in cpu_cycles_of(program, core)]
     for kind, qs in (edge.io_quantization or {}).items():
         for i, q in enumerate(qs):
             if q is not None:
@@ -119,6 +132,15 @@ def summary(output: Path, edge, program, seconds: float) -> str:
     lines.append(f"wrote {output} ({len(program.buffer) / 1024:.1f} KiB; arena {program.emitted.arena_bytes} B) "
                  f"in {seconds:.1f} s")
     return "\n".join(lines)
+
+
+def _cpu_cycles_html(c: CpuCycles) -> str:
+    rows = [[k.index, k.kernel, *(("no estimate", "", "") if k.estimate is None else
+                                  (k.estimate.function, f"{k.estimate.macs:,}" if k.estimate.macs else "",
+                                   f"{k.estimate.cycles:,}"))] for k in c.calls]
+    return (f"<h2>CPU kernels of {html.escape(c.method)} on {html.escape(c.core)}</h2><p>Estimated for "
+            f"{html.escape(c.board.name)}: {c.total:,} cycles, {c.milliseconds(c.total):.2f} ms.</p>"
+            + _table(["instruction", "kernel", "runs as", "MACs", "cycles"], rows))
 
 
 def _png(fig) -> str:
@@ -247,7 +269,7 @@ def write_layers_csv(path: Path, layers) -> None:
     write_atomic(path, buf.getvalue().encode())
 
 
-def write_html(path: Path, title: str, edge, program=None, verification=None) -> None:
+def write_html(path: Path, title: str, edge, program=None, verification=None, core: str = DEFAULT_CORE) -> None:
     """One self-contained HTML page (plots embedded)."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     placements = edge.placements
@@ -275,6 +297,8 @@ def write_html(path: Path, title: str, edge, program=None, verification=None) ->
                 ["name", "operator", "TOSA op", "cycles", "bound by", "MACs", "MAC utilisation"],
                 [[o.name, o.operator, o.tosa_op or "", f"{o.cycles:,}", o.bound_by, f"{o.macs:,}",
                   f"{100 * o.mac_utilisation:.1f}%"] for o in r.per_op]) + "</details>")
+    if program is not None:
+        parts += [_cpu_cycles_html(c) for c in cpu_cycles_of(program, core)]
     parts.append("<h2>Where each op runs</h2>")
     parts.append(_table(["node", "op", "runs on", "why not delegated", "source"],
                         [[p.node, p.target, p.tag or "CPU", p.reason or "", p.source or ""] for p in placements]))

@@ -5,6 +5,8 @@ tosakit's runtime gives the same outputs for both programs, close to the float m
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.fx import Node
@@ -14,6 +16,7 @@ from tosakit.capture import export
 from tosakit.capture.graph import graph_attr
 from tosakit.flow import compile
 from tosakit.runtime import LoadedProgram, load
+from tosakit.runtime.cpu_cycles import cpu_cycles
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
@@ -179,6 +182,7 @@ def test_compile_for_cortex_m55_leaves_no_float_convolution(tmp_path, capsys):
 
     assert main(["compile", "-m", "resnet8", "-t", "cortex-m55", "--quantize", "-o", str(tmp_path / "r8.pte")]) == 0
     out = capsys.readouterr().out
+    assert re.search(r"CPU kernels of forward on cortex-m55: [\d,]+ cycles estimated, [\d.]+ ms at 400 MHz\n", out)
     kernels = out.split("CPU kernels: ")[1].splitlines()[0].split(", ")
     assert {"cortex_m::quantized_conv2d.out", "cortex_m::quantized_add.out", "cortex_m::quantized_avg_pool2d.out",
             "cortex_m::quantized_linear.out"} <= set(kernels)
@@ -196,6 +200,8 @@ def test_compile_for_cortex_m55_leaves_no_float_convolution(tmp_path, capsys):
 # mul there: test_mv3_leaves_no_compute_to_portable_kernels).
 ZOO = ["deep_autoencoder", "ds_cnn", "mobilenet_v1_025", "mv2", "resnet8"]
 DATA_MOVES = {"aten::view_copy.out", "aten::clone.out", "dim_order_ops::_clone_dim_order.out"}
+# ExecuTorch with CMSIS-NN on an Alif E8's Cortex-M55 at 400 MHz, milliseconds (issue 35 quotes them).
+ALIF_E8_MS = {"ds_cnn": 5.82, "resnet8": 15.23, "mobilenet_v1_025": 21.75, "deep_autoencoder": 1.21}
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -224,6 +230,11 @@ def test_zoo_network_as_executorch_lowers_it_int(name, et_oracle, tmp_path):
     assert all(torch.equal(g, w) for g, w in zip(want, torch.load(result["reference"])))  # its reference kernels
     assert len(compiled.program.buffer) <= (tmp_path / f"{name}.pte").stat().st_size
     assert sum(mine.plan().non_const_buffer_sizes) <= sum(executorch.plan().non_const_buffer_sizes)
+    estimated, theirs_estimated = cpu_cycles(mine.plan(), "cortex-m55"), cpu_cycles(executorch.plan(), "cortex-m55")
+    assert not estimated.unknown and [c.estimate for c in estimated.calls if c.kernel.startswith("cortex_m::")] == \
+        [c.estimate for c in theirs_estimated.calls if c.kernel.startswith("cortex_m::")]  # data moves may differ
+    if name in ALIF_E8_MS:  # the published Cortex-M55 figures (bench/cortex_m.py prints them side by side)
+        assert abs(estimated.milliseconds(estimated.total) / ALIF_E8_MS[name] - 1) < 0.3
 
 
 class DilatedTail(torch.nn.Module):

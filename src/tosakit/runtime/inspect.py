@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..backends.ethosu.payload import parse_payload
 from ..program.kernels import kernel_key
 from ..program.schema import DelegateCall, KernelCall
+from .cpu_cycles import DEFAULT_CORE, cpu_cycles
 from .ethosu.commands import decode, disassemble
 from .pools import runner_memory
 from .program import LoadedProgram
@@ -38,8 +39,8 @@ def _state_line(plan) -> list[str]:
             f"arena(s) {', '.join(map(str, arenas))}{shared}; {start}"]
 
 
-def describe(loaded: LoadedProgram, size: int | None = None) -> str:
-    """A human-readable summary of every part of the program."""
+def describe(loaded: LoadedProgram, size: int | None = None, core: str = DEFAULT_CORE) -> str:
+    """A human-readable summary of every part of the program; its CPU kernels' cycles estimated for ``core``."""
     prog = loaded.program
     lines = [f"{loaded.name}: {'' if size is None else _kib(size) + ', '}program version {prog.version}, "
              f"{len(prog.execution_plan)} method(s), {len(loaded.segments)} segment(s)"]
@@ -74,6 +75,9 @@ def describe(loaded: LoadedProgram, size: int | None = None) -> str:
             lines.append(f"    TOSA for host runs: {'carried (--debug-info)' if loaded.carries_tosa(d) else 'not carried'}")
             if d.id == "EthosUBackend":
                 lines.append(f"    host engine: {_engine(loaded.layouts[plan.name], k)}")
+        estimated = cpu_cycles(plan, core)
+        if estimated.calls:
+            lines += [f"  {line}" for line in estimated.lines()]
     for nd in prog.named_data or []:
         lines.append(f"named data {nd.key}: {_kib(len(loaded.segments[nd.segment_index]))}")
     return "\n".join(lines)
