@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import configparser
 import enum
+import functools
 import importlib.util
 import shlex
 from dataclasses import dataclass, field
@@ -147,10 +148,22 @@ def resolve_vela_config(config_ini: str) -> Path:
     )
 
 
+def parsed_vela_config(paths: list[Path]) -> configparser.ConfigParser:
+    """Vela .ini files parsed as one, once per version of each file (every Vela call of a compile asks); the
+    parser is shared: read it, never write it."""
+    return _parsed(tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in paths))
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(files: tuple[tuple[str, int, int], ...]) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser()
+    parser.read([name for name, _, _ in files])
+    return parser
+
+
 def vela_config_sections(config_ini: str) -> tuple[list[str], list[str]]:
     """System configs and memory modes named in a Vela .ini file."""
-    parser = configparser.ConfigParser()
-    parser.read(resolve_vela_config(config_ini))
+    parser = parsed_vela_config([resolve_vela_config(config_ini)])
     systems = [s.split(".", 1)[1] for s in parser.sections() if s.startswith("System_Config.")]
     modes = [s.split(".", 1)[1] for s in parser.sections() if s.startswith("Memory_Mode.")]
     return systems, modes

@@ -473,3 +473,24 @@ def test_operator_left_on_cpu_is_refused(monkeypatch):
     monkeypatch.setattr(vela_backend.regor, "compile", compile_with_cpu_fallback)
     with pytest.raises(TosakitError, match=r"1 operator\(s\) on the CPU \(ADD\)"):
         compile_tosa(GRAPHS["add"], EthosUCompileSpec("ethos-u55-128"))
+
+
+def test_a_vela_config_is_parsed_once_until_its_file_changes(tmp_path, monkeypatch):
+    """Every Vela call reads its .ini; it is parsed once per file version: a second config of the same file costs
+    no parse, and an edited file is read again."""
+    import configparser
+
+    from tosakit.backends.ethosu.vela_options import VelaConfig, vela_options
+    from tosakit.specs import VELA_INI, resolve_vela_config
+
+    ini = tmp_path / "my.ini"
+    ini.write_text(resolve_vela_config(VELA_INI).read_text())
+    reads = []
+    real_read = configparser.ConfigParser.read
+    monkeypatch.setattr(configparser.ConfigParser, "read", lambda self, paths, **kw: reads.append(paths) or
+                        real_read(self, paths, **kw))
+    opts = vela_options(EthosUCompileSpec("ethos-u55-128", config_ini=str(ini)))
+    assert VelaConfig(opts).clock_hz == VelaConfig(opts).clock_hz == 500e6 and len(reads) == 1
+    text = ini.read_text().replace("core_clock=500e6", "core_clock=400e6", 1)
+    ini.write_text(text + "\n")  # a new size, whatever the file system's clock resolution
+    assert VelaConfig(opts).clock_hz == 400e6 and len(reads) == 2

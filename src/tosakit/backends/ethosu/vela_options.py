@@ -3,13 +3,12 @@ options of an ``EthosUCompileSpec``), the selected sections of its .ini files, a
 
 from __future__ import annotations
 
-import configparser
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ...errors import TosakitError, did_you_mean
-from ...specs import (VELA_GOALS, VELA_INI, EthosUCompileSpec, flag_choice, flag_number, read_arena_cache_size,
-                      resolve_vela_config)
+from ...specs import (VELA_GOALS, VELA_INI, EthosUCompileSpec, flag_choice, flag_number, parsed_vela_config,
+                      read_arena_cache_size, resolve_vela_config)
 from ...targets import ETHOSU_TARGETS, Target
 
 
@@ -150,8 +149,7 @@ class VelaConfig:
 
     def __init__(self, opts: VelaOptions):
         self.paths = [resolve_vela_config(c) for c in (opts.configs or [VELA_INI])]
-        self.parser = configparser.ConfigParser()
-        self.parser.read(self.paths)
+        self.parser = parsed_vela_config(self.paths)  # shared: read, never written
         self.system = self._section("System_Config", opts.system_config)
         self.mode = self._section("Memory_Mode", opts.memory_mode)
         self.clock_hz = self.number(self.system, "core_clock", 1.0, float, 1.0, "a frequency in Hz, like 500e6")
