@@ -239,44 +239,40 @@ def _batch_matmul(args: dict, t: Timing, board: Board) -> Estimate:
     return Estimate(round(cycles), "arm_batch_matmul_s8", batches * rows * cols * depth)
 
 
-@rule("cortex_m::quantized_add.out")
-def _add(args: dict, t: Timing, board: Board) -> Estimate:
-    return Estimate(round(args["out"].numel * t.add), "arm_elementwise_add_s8")
+# Kernels that cost a figure of ``Timing`` per element of one tensor: (figure, tensor, what runs).
+PER_ELEMENT = {
+    "cortex_m::quantized_add.out": ("add", "out", "arm_elementwise_add_s8"),
+    "cortex_m::quantized_mul.out": ("mul", "out", "arm_elementwise_mul_s8"),
+    "cortex_m::quantized_activation.out": ("table", "input", "table lookup"),
+    "cortex_m::softmax.out": ("softmax", "input", "arm_softmax_s8"),
+    **{f"{namespace}::{op}_per_tensor.out": ("quantize", "input", f"{op} loop")
+       for namespace in ("cortex_m", "quantized_decomposed") for op in ("quantize", "dequantize")},
+}
 
 
-@rule("cortex_m::quantized_mul.out")
-def _mul(args: dict, t: Timing, board: Board) -> Estimate:
-    return Estimate(round(args["out"].numel * t.mul), "arm_elementwise_mul_s8")
+def _per_element(figure: str, tensor: str, function: str) -> Rule:
+    return lambda args, t, board: Estimate(round(args[tensor].numel * getattr(t, figure)), function)
+
+
+for _kernel, _how in PER_ELEMENT.items():
+    rule(_kernel)(_per_element(*_how))
+
+
+def _pool(args: dict, per_tap: float, per_output: float, function: str) -> Estimate:
+    """CMSIS-NN's pools: 16 channels at a time, each window element a pass over them."""
+    out, (kh, kw) = args["out"], args["kernel_size"]
+    blocks = out.numel // out.shape[1] * ceil(out.shape[1] / 16)
+    return Estimate(round(blocks * kh * kw * per_tap + out.numel * per_output), function)
 
 
 @rule("cortex_m::quantized_avg_pool2d.out")
 def _avg_pool(args: dict, t: Timing, board: Board) -> Estimate:
-    out, (kh, kw) = args["out"], args["kernel_size"]
-    blocks = out.numel // out.shape[1] * ceil(out.shape[1] / 16)  # 16 channels at a time
-    return Estimate(round(blocks * kh * kw * t.pool_tap + out.numel * t.pool_output), "arm_avgpool_s8")
+    return _pool(args, t.pool_tap, t.pool_output, "arm_avgpool_s8")
 
 
 @rule("cortex_m::quantized_max_pool2d.out")
 def _max_pool(args: dict, t: Timing, board: Board) -> Estimate:
-    out, (kh, kw) = args["out"], args["kernel_size"]
-    blocks = out.numel // out.shape[1] * ceil(out.shape[1] / 16)
-    return Estimate(round(blocks * kh * kw * t.max_tap + _copy(t, out.numel)), "arm_max_pool_s8")
-
-
-@rule("cortex_m::quantize_per_tensor.out", "cortex_m::dequantize_per_tensor.out",
-      "quantized_decomposed::quantize_per_tensor.out", "quantized_decomposed::dequantize_per_tensor.out")
-def _quantize(args: dict, t: Timing, board: Board) -> Estimate:
-    return Estimate(round(args["input"].numel * t.quantize), "quantize/dequantize loop")
-
-
-@rule("cortex_m::quantized_activation.out")
-def _table(args: dict, t: Timing, board: Board) -> Estimate:
-    return Estimate(round(args["input"].numel * t.table), "table lookup")
-
-
-@rule("cortex_m::softmax.out")
-def _softmax(args: dict, t: Timing, board: Board) -> Estimate:
-    return Estimate(round(args["input"].numel * t.softmax), "arm_softmax_s8")
+    return _pool(args, t.max_tap, t.copy_16 / 16, "arm_max_pool_s8")  # then a clamp pass over the output
 
 
 @rule("cortex_m::transpose.out", "cortex_m::pad.out", "aten::view_copy.out", "aten::clone.out",
