@@ -84,7 +84,14 @@ class Classifier(torch.nn.Module):
         return torch.softmax(self.fc(x), dim=-1)
 
 
-NETS = {"conv_block": (ConvBlock, ((1, 3, 6, 6), (1, 8, 6, 6))), "pool_net": (PoolNet, ((1, 3, 12, 12), (1, 8, 6, 6))),
+class Ratio(torch.nn.Module):
+    """A division of two tensors (no CMSIS-NN kernel divides: quantized_div divides in float)."""
+
+    def forward(self, x, y):
+        return x / torch.sigmoid(y)
+
+
+NETS = {"ratio": (Ratio, ((1, 4, 16), (1, 4, 16))), "conv_block": (ConvBlock, ((1, 3, 6, 6), (1, 8, 6, 6))), "pool_net": (PoolNet, ((1, 3, 12, 12), (1, 8, 6, 6))),
         "scores": (Scores, ((2, 4, 8), (2, 5, 8))), "upsample": (Upsample, ((1, 4, 5, 5), (1, 1, 1, 1))),
         "classifier": (Classifier, ((1, 4, 16), (1, 1)))}
 
@@ -146,7 +153,7 @@ def test_same_kernels_and_arguments_as_executorch_int(net, et_oracle, tmp_path):
                 "pool_net": {"quantized_max_pool2d", "quantized_avg_pool2d", "pad"},
                 "scores": {"quantized_batch_matmul", "transpose"},
                 "upsample": {"quantized_transpose_conv2d"},
-                "classifier": {"quantized_linear", "softmax"}}[net] <= {op for op, _ in ours}
+                "classifier": {"quantized_linear", "softmax"}, "ratio": {"quantized_div"}}[net] <= {op for op, _ in ours}
         for (op, mine), (_, their) in zip(ours, theirs):
             assert len(mine) == len(their), (target, op)
             for k, (m, t) in enumerate(zip(mine, their)):
@@ -183,6 +190,10 @@ def test_compile_for_cortex_m55_leaves_no_float_convolution(tmp_path, capsys):
     assert main(["compile", "-m", "resnet8", "-t", "cortex-m55", "--quantize", "-o", str(tmp_path / "r8.pte")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"CPU kernels of forward on cortex-m55: [\d,]+ cycles estimated, [\d.]+ ms at 400 MHz\n", out)
+    assert "cpu: convolution (aten.convolution.default): no delegation requested (no partitioner) -> " \
+           "cortex_m::quantized_conv2d (quantized_conv2d_default)\n" in out
+    assert "cpu: view (aten.view.default): no delegation requested (no partitioner) -> portable view\n" in out
+    assert "cpu: quantize_per_tensor" not in out and "cpu: dequantize_per_tensor" not in out  # taken in by kernels
     kernels = out.split("CPU kernels: ")[1].splitlines()[0].split(", ")
     assert {"cortex_m::quantized_conv2d.out", "cortex_m::quantized_add.out", "cortex_m::quantized_avg_pool2d.out",
             "cortex_m::quantized_linear.out"} <= set(kernels)
@@ -266,6 +277,10 @@ def test_cortex_m55_fallback_runs_what_ethos_u55_refuses_u55(tmp_path, capsys):
     assert {"cortex_m.quantized_conv2d.default", "cortex_m.quantize_per_tensor.default",
             "cortex_m.dequantize_per_tensor.default"} <= kernels and "aten.convolution.default" not in kernels
     assert "aten.convolution.default" in {str(n.target) for n in plain.edge.program.graph_module.graph.nodes}
+    refused = [p for p in fallback.edge.placements if p.target == "aten.convolution.default" and p.placement == "cpu"]
+    assert len(refused) == 1 and refused[0].reason and refused[0].kernel.startswith("cortex_m::quantized_conv2d (")
+    assert {p.kernel for p in fallback.edge.placements if p.placement == "cpu" and "quantize" in p.target} >= {
+        "cortex_m::quantize_per_tensor", "cortex_m::dequantize_per_tensor"}
     outs = []
     for name, compiled in (("plain", plain), ("fallback", fallback)):
         (tmp_path / f"{name}.pte").write_bytes(compiled.program.buffer)

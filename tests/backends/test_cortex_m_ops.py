@@ -57,6 +57,19 @@ def _mul_args(rng):
             int(rng.integers(-128, 128)), *multiplier_shift(_scale(rng) * _scale(rng) / _scale(rng))]
 
 
+def _div_args(rng):
+    """Equal shapes (division takes no broadcast), int8 or int16, a divisor at its zero point now and then."""
+    shape = tuple(int(d) for d in rng.integers(1, 6, 4))
+    if rng.integers(2):
+        a, b = _int8(rng, shape), _int8(rng, shape)
+        zps = [int(z) for z in rng.integers(-128, 128, 3)]
+    else:
+        a, b = (torch.from_numpy(rng.integers(-32768, 32768, shape, dtype=np.int16)) for _ in range(2))
+        zps = [0, 0, 0]
+    b.view(-1)[:: max(b.numel() // 3, 1)] = zps[1]
+    return [a, zps[0], b, zps[1], zps[2], _scale(rng) / (_scale(rng) * _scale(rng))]
+
+
 def _linear_args(rng):
     k, n = int(rng.integers(1, 40)), int(rng.integers(1, 12))
     x, w = _int8(rng, (int(rng.integers(1, 4)), int(rng.integers(1, 4)), k)), _int8(rng, (n, k))
@@ -199,7 +212,7 @@ def _extremum_args(rng):
     return list(_operands(rng))
 
 
-ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_linear": _linear_args,
+ARGUMENTS = {"quantized_add": _add_args, "quantized_mul": _mul_args, "quantized_div": _div_args, "quantized_linear": _linear_args,
              "quantized_conv2d": _conv_args, "quantized_depthwise_conv2d": _depthwise_args,
              "quantize_per_tensor": _quantize_args, "dequantize_per_tensor": _dequantize_args,
              "quantized_avg_pool2d": _avg_pool_args, "quantized_max_pool2d": _max_pool_args, "pad": _pad_args,
