@@ -34,7 +34,7 @@ CONFIGS = [("ethos-u55-128", "Shared_Sram"), ("ethos-u55-128", "Sram_Only"), ("e
            ("ethos-u55-256", None), ("ethos-u65-256", "Dedicated_Sram")]
 
 
-_QUANTIZED: dict[tuple[str, str], torch.export.ExportedProgram] = {}  # a model quantized once per TOSA profile
+_TOSAS: dict[tuple[str, str], list[bytes]] = {}  # its delegates' TOSA, lowered once per profile
 
 
 def quantized_once(model: nn.Module, inputs: tuple, spec: EthosUCompileSpec, **calibration):
@@ -46,20 +46,30 @@ def quantized_once(model: nn.Module, inputs: tuple, spec: EthosUCompileSpec, **c
 def delegates(model: nn.Module, inputs: tuple, target="ethos-u55-128", memory_mode=None, key: str | None = None,
               **options):
     """(TOSA, parsed payload) of each Ethos-U delegate of ``model`` compiled int8 for ``target``; with ``key`` (a
-    model's name), quantized once for all configurations of one TOSA profile and only lowered and compiled per
-    configuration."""
+    model's name), quantized and lowered once per TOSA profile in this test process, each further configuration
+    compiling that TOSA with Vela."""
     torch.manual_seed(0)
     spec = EthosUCompileSpec(target, memory_mode=memory_mode)
     if key is None or options:
-        compiled = compile(model.eval(), inputs, spec, quantize=True, calibration=[inputs], **options)
+        found = ethosu_delegates(compile(model.eval(), inputs, spec, quantize=True, calibration=[inputs], **options))
+    elif (profile := (key, str(spec.tosa_spec))) in _TOSAS:
+        found = list(compiled_for([(target, memory_mode)], _TOSAS[profile]))
     else:
-        profile = (key, str(spec.tosa_spec))
-        if profile not in _QUANTIZED:
-            _QUANTIZED[profile] = quantized_once(model.eval(), inputs, spec, calibration=[inputs])
-        compiled = compile(_QUANTIZED[profile], inputs, spec)  # already quantized: lowered and compiled only
-    found = ethosu_delegates(compiled)
+        quantized = quantized_once(model.eval(), inputs, spec, calibration=[inputs])
+        found = ethosu_delegates(compile(quantized, inputs, spec))  # already quantized: lowered and compiled only
+        _TOSAS[profile] = [tosa for tosa, _ in found]
     assert found, "nothing was delegated"
     return found
+
+
+def compiled_for(configs: list[tuple[str, str | None]], tosas: list[bytes]):
+    """(TOSA, parsed payload): each TOSA compiled by Vela alone for each (target, memory mode)."""
+    from tosakit.backends.ethosu.payload import pack_payload, parse_payload
+    from tosakit.backends.ethosu.vela import compile_tosa
+
+    for target, memory_mode in configs:
+        spec = EthosUCompileSpec(target, memory_mode=memory_mode)
+        yield from ((tosa, parse_payload(pack_payload(compile_tosa(tosa, spec)))) for tosa in tosas)
 
 
 def assert_bit_exact(model, inputs, target="ethos-u55-128", memory_mode=None, **options):
@@ -472,16 +482,6 @@ def test_op_case_every_configuration(op_table, name):
                 assert_npu_bit_exact(tosa, payload, seeds=(0,))
         else:
             assert_npu_bit_exact(tosa, payload, seeds=(0,))
-
-
-def compiled_for(configs: list[tuple[str, str | None]], tosas: list[bytes]):
-    """(TOSA, parsed payload): each TOSA compiled by Vela alone for each (target, memory mode)."""
-    from tosakit.backends.ethosu.payload import pack_payload, parse_payload
-    from tosakit.backends.ethosu.vela import compile_tosa
-
-    for target, memory_mode in configs:
-        spec = EthosUCompileSpec(target, memory_mode=memory_mode)
-        yield from ((tosa, parse_payload(pack_payload(compile_tosa(tosa, spec)))) for tosa in tosas)
 
 
 # ------------------------------------------------------------------ Ethos-U85
