@@ -85,3 +85,5 @@ def estimates(folder: Path) -> None:
             mine = c.milliseconds(c.total)
             print(f"{name:<18}{core:<12}{c.total:>18,}{mine:>14.2f}{ms:>14.2f}{100 * (mine / ms - 1):>+7.0f}%")
         print(f"  ({core} at {mhz} MHz: {source}; estimated for {board.name})")
+    print("  DS-CNN's first layer is a depthwise convolution with 64 outputs per input channel in ExecuTorch's graph "
+          "(CMSIS-NN's generic loop on DSP cores), a convolution in MLPerf Tiny's TFLite model.")

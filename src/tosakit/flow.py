@@ -112,8 +112,8 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
     if direct or fallback:  # imported here: it registers the cortex_m operators with torch (as ExecuTorch does)
         from .backends.cortex_m.passes import pipeline as cortex_m_pipeline
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners,
-                                       transform_passes=cortex_m_pipeline(spec.isa) if direct else None,
-                                       cpu_passes=cortex_m_pipeline(fallback) if fallback else None)
+                                       cpu_passes=cortex_m_pipeline(fallback or spec.isa) if direct or fallback
+                                       else None)
     compiled = Compiled(spec, quantized, edge, edge.to_executorch())
     if verify_on is not None:
         from .verify.run import verify

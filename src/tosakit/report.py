@@ -118,8 +118,11 @@ def summary(output: Path, edge, program, seconds: float, core: str = DEFAULT_COR
                 lines.append(f"  fast scratch: {r.sram_used_bytes} B of SRAM the runner lends this delegate "
                              "(ET_ARM_BAREMETAL_FAST_SCRATCH_TEMP_ALLOCATOR_POOL_SIZE)")
     for p in on_cpu:
+        if p.kernel and not p.compute:  # a quantize or dequantize a kernel took in
+            continue
         where = f" [{p.source}]" if p.source else ""
-        lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{where}")
+        kernel = f" -> {p.kernel}" if p.kernel else ""
+        lines.append(f"cpu: {p.node} ({p.target}): {p.reason}{kernel}{where}")
     if program.emitted.kernel_ops:
         lines.append(f"CPU kernels: {', '.join(program.emitted.kernel_ops)}")
         lines += [c.summary() for c in cpu_cycles_of(program, core)]
@@ -300,8 +303,9 @@ def write_html(path: Path, title: str, edge, program=None, verification=None, co
     if program is not None:
         parts += [_cpu_cycles_html(c) for c in cpu_cycles_of(program, core)]
     parts.append("<h2>Where each op runs</h2>")
-    parts.append(_table(["node", "op", "runs on", "why not delegated", "source"],
-                        [[p.node, p.target, p.tag or "CPU", p.reason or "", p.source or ""] for p in placements]))
+    parts.append(_table(["node", "op", "runs on", "why not delegated", "CPU kernel", "source"],
+                        [[p.node, p.target, p.tag or "CPU", p.reason or "", p.kernel or "", p.source or ""]
+                         for p in placements]))
     if verification is not None:
         parts.append("<h2>Outputs against PyTorch</h2>")
         rows = []

@@ -16,6 +16,7 @@ from tosakit.capture import export
 from tosakit.capture.graph import graph_attr
 from tosakit.flow import compile
 from tosakit.runtime import LoadedProgram, load
+from tosakit.program.pte import tosa_key
 from tosakit.runtime.cpu_cycles import cpu_cycles
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
@@ -91,7 +92,14 @@ class Ratio(torch.nn.Module):
         return x / torch.sigmoid(y)
 
 
-NETS = {"ratio": (Ratio, ((1, 4, 16), (1, 4, 16))), "conv_block": (ConvBlock, ((1, 3, 6, 6), (1, 8, 6, 6))), "pool_net": (PoolNet, ((1, 3, 12, 12), (1, 8, 6, 6))),
+class Extrema(torch.nn.Module):
+    """The elementwise minimum and maximum of two tensors (the quantizer gives all three the same qparams)."""
+
+    def forward(self, x, y):
+        return torch.minimum(x, y) + torch.maximum(x, y)
+
+
+NETS = {"ratio": (Ratio, ((1, 4, 16), (1, 4, 16))), "extrema": (Extrema, ((1, 8, 4, 4), (1, 8, 4, 4))), "conv_block": (ConvBlock, ((1, 3, 6, 6), (1, 8, 6, 6))), "pool_net": (PoolNet, ((1, 3, 12, 12), (1, 8, 6, 6))),
         "scores": (Scores, ((2, 4, 8), (2, 5, 8))), "upsample": (Upsample, ((1, 4, 5, 5), (1, 1, 1, 1))),
         "classifier": (Classifier, ((1, 4, 16), (1, 1)))}
 
@@ -153,7 +161,8 @@ def test_same_kernels_and_arguments_as_executorch_int(net, et_oracle, tmp_path):
                 "pool_net": {"quantized_max_pool2d", "quantized_avg_pool2d", "pad"},
                 "scores": {"quantized_batch_matmul", "transpose"},
                 "upsample": {"quantized_transpose_conv2d"},
-                "classifier": {"quantized_linear", "softmax"}, "ratio": {"quantized_div"}}[net] <= {op for op, _ in ours}
+                "classifier": {"quantized_linear", "softmax"}, "ratio": {"quantized_div"},
+                "extrema": {"minimum", "maximum", "quantized_add"}}[net] <= {op for op, _ in ours}
         for (op, mine), (_, their) in zip(ours, theirs):
             assert len(mine) == len(their), (target, op)
             for k, (m, t) in enumerate(zip(mine, their)):
@@ -287,6 +296,40 @@ def test_cortex_m55_fallback_runs_what_ethos_u55_refuses_u55(tmp_path, capsys):
         outs.append(load(tmp_path / f"{name}.pte").run(list(inputs))[0])
     step = qparams_of([n for n in quantized.graph.nodes if is_quantize(n)][-1]).s
     assert float((outs[0] - outs[1]).abs().max()) <= step * 1.01
+
+
+class Upscale(torch.nn.Module):
+    """Issue 35's examples of layers Ethos-U55 refuses in ExecuTorch: a transposed convolution of stride 4, an
+    average pool of stride 5."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.up = torch.nn.ConvTranspose2d(8, 8, 4, stride=4)
+        self.pool = torch.nn.AvgPool2d(5, stride=5)
+
+    def forward(self, x):
+        return self.pool(self.up(torch.relu(self.conv(x))))
+
+
+def test_what_executorch_leaves_to_the_cortex_m55_runs_on_ethos_u55_here_u55(tmp_path):
+    """tosakit's Ethos-U55 lowering takes the stride-4 transposed convolution (as sub-pixel convolutions) and the
+    stride-5 average pool: with the fallback, nothing computes on the CPU but the boundary quantize and dequantize,
+    cortex_m:: kernels; the NPU's stream equals its TOSA on the reference model."""
+    from tosakit.specs import EthosUCompileSpec
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(1, 3, 16, 16),)
+    compiled = compile(Upscale().eval(), inputs, EthosUCompileSpec("ethos-u55-128").with_cortex_m_fallback(
+        "cortex-m55"), quantize=True)
+    assert not [p for p in compiled.edge.placements if p.placement == "cpu" and p.compute]
+    ops = [str(n.target) for n in compiled.edge.program.graph_module.graph.nodes if n.op == "call_function"]
+    assert ops[0] == "cortex_m.quantize_per_tensor.default" and ops[-1] == "cortex_m.dequantize_per_tensor.default"
+    (tmp_path / "u.pte").write_bytes(compiled.program.buffer)
+    _, comparisons = load(tmp_path / "u.pte", tosa={tosa_key(m.processed_bytes): m.tosa for m in
+                                                    compiled.edge.program.graph_module.children()
+                                                    if hasattr(m, "processed_bytes")}).run_and_compare(list(inputs))
+    assert comparisons and all(c.bit_exact for c in comparisons)
 
 
 def test_cortex_m_fallback_needs_an_ethos_u_delegate(tmp_path, capsys):

@@ -23,6 +23,7 @@ BOUNDARY_DQ = "dequantizes a delegate output back to float (stays on the CPU)"
 BOUNDARY_IDS = ("casts ids between the model's int64 and the int32 a delegate takes (stays on the CPU; TOSA has no "
                 "int64)")
 IDS_CAST = "tosakit_ids_cast"  # node meta: a cast of ids between int64 and int32 (a boundary conversion)
+ABSORBS = "cpu_kernel_absorbs"  # node meta: the names of the nodes one CPU kernel call computes (its pattern)
 SupportFn = Callable[[Node], "str | None"]
 
 
@@ -44,11 +45,26 @@ class NodePlacement:
     tag: str | None = None
     reason: str | None = None
     source: str | None = None
+    kernel: str | None = None  # on the CPU, after its passes: the kernel call that computes it
 
     @property
     def compute(self) -> bool:
         """Whether the op computes: not a quantize, dequantize or ids cast converting at a delegate's edge."""
         return "quantize" not in self.target and self.reason != BOUNDARY_IDS
+
+
+def note_cpu_kernels(gm: GraphModule, placements: list[NodePlacement]) -> list[NodePlacement]:
+    """After the CPU passes: the kernel call that computes each CPU placement (a pattern's kernel, the node
+    retargeted to one, or a portable kernel)."""
+    kernels = {n.name: n for n in gm.graph.nodes if n.op == "call_function"}
+    absorbed = {name: n for n in kernels.values() for name in n.meta.get(ABSORBS, ())}
+    for p in placements:
+        kernel = absorbed.get(p.node) or kernels.get(p.node)
+        if p.placement == "cpu" and kernel is not None:
+            namespace, op = str(kernel.target).split(".")[:2]
+            own = "" if kernel.name == p.node else f" ({kernel.name})"
+            p.kernel = f"cortex_m::{op}{own}" if namespace == "cortex_m" else f"portable {kernel.name}"
+    return placements
 
 
 def cpu_compute(placements: list[NodePlacement]) -> list[NodePlacement]:

@@ -26,7 +26,7 @@ from ..lower import int32_ids, prepare_program, quantized_io
 from ..lower.passes import run as run_passes
 from ..lower.tosa_graph import DType
 from ..partition import NodePlacement
-from ..partition.partitioner import TAG_KEY, extract_subgraph
+from ..partition.partitioner import TAG_KEY, extract_subgraph, note_cpu_kernels
 from ..specs import CompileSpec
 from .decompose import decompose_for_runtime
 from .emit import EmittedProgram, executorch_call_delegate, program_from_graph
@@ -239,6 +239,8 @@ def to_edge_transform_and_lower(programs, partitioner: Sequence | None = None, t
         edge.placements = _cpu_placements(gm)
     for p in cpu_passes or []:
         edge.program.graph_module = p(edge.program.graph_module) or edge.program.graph_module
+    if cpu_passes:
+        edge.placements = note_cpu_kernels(edge.program.graph_module, edge.placements)
     decompose_for_runtime(edge.program.graph_module, edge.placements)
     return edge
 

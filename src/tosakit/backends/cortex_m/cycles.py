@@ -57,6 +57,7 @@ class Timing:
     quantize: float  # one element of float <-> int8
     add: float  # an element of arm_elementwise_add_s8 (three requantizes)
     mul: float  # an element of arm_elementwise_mul_s8 (one requantize)
+    div: float  # an element of quantized_div: conversions, a float divide and multiply, a rounding
     pool_tap: float  # 16 channels of one average-pool window element (widen and add)
     pool_output: float  # an average-pool output's divide, clamp and store
     max_tap: float  # 16 channels of one max-pool window element (load, max, store)
@@ -73,10 +74,12 @@ class Timing:
 # taps and epilogue as the instruction counts are), quantize to its input quantize (9.1 cycles an element).
 # tail_*: the one-row loop (2 loads a step) at the block's measured/ideal ratio (1.36). The rest are pipe-bound
 # instruction counts (2 cycles a vector instruction): add 21 integer-pipe operations per 4 elements, mul 10, the
-# average pool 10 per window element and 16 scalar divides per 16 outputs, the max pool 3 loads and stores.
+# average pool 10 per window element and 16 scalar divides per 16 outputs, the max pool 3 loads and stores;
+# quantized_div is scalar float code around a VDIV.F32 (14 cycles on the M4, M7 and M55 FPUs; a software divide
+# of about 200 on the cores without one).
 MVE = Timing("MVE", rows=4, cols=1, step=16, block_step=13.56, block_epilogue=67.2, tail_step=5.4,
              tail_epilogue=25.0, im2col_tap=34.0, copy_16=4.0, dw_tap=2.84, dw_output=8.5, quantize=9.1,
-             add=10.5, mul=5.0, pool_tap=20.0, pool_output=9.0, max_tap=6.0, softmax=30.0, table=2.0,
+             add=10.5, mul=5.0, div=24.0, pool_tap=20.0, pool_output=9.0, max_tap=6.0, softmax=30.0, table=2.0,
              float_mac=6.0, float_element=8.0)
 # DSP (SMLAD): arm_nn_mat_mult_kernel_s8_s16's 2x2 block over 4 int16 pairs: 8 SMLAD, 4 activation and 2 weight
 # loads, 4 sign extensions; requantize in scalar code (a 64-bit multiply and shifts). ``scale``: MLPerf Tiny v1.1's
@@ -84,13 +87,13 @@ MVE = Timing("MVE", rows=4, cols=1, step=16, block_step=13.56, block_epilogue=67
 # count; its other three networks, and the four on an STM32L4R5's Cortex-M4, are the check (``make bench``).
 DSP = Timing("DSP", rows=2, cols=2, step=4, block_step=18.0, block_epilogue=44.0, tail_step=6.0,
              tail_epilogue=12.0, im2col_tap=20.0, copy_16=12.0, dw_tap=2.5, dw_output=14.0, quantize=12.0,
-             add=12.0, mul=7.0, pool_tap=32.0, pool_output=10.0, max_tap=20.0, softmax=40.0, table=3.0,
+             add=12.0, mul=7.0, div=28.0, pool_tap=32.0, pool_output=10.0, max_tap=20.0, softmax=40.0, table=3.0,
              float_mac=8.0, float_element=10.0, scale=2.52)
 # Scalar C (Cortex-M0/M3): a byte load each side, a multiply and an add per MAC, and the loop.
 SCALAR = Timing("SCALAR", rows=1, cols=1, step=1, block_step=8.0, block_epilogue=24.0, tail_step=8.0,
                 tail_epilogue=24.0, im2col_tap=24.0, copy_16=24.0, dw_tap=9.0, dw_output=24.0, quantize=40.0,
-                add=30.0, mul=18.0, pool_tap=80.0, pool_output=20.0, max_tap=96.0, softmax=80.0, table=4.0,
-                float_mac=60.0, float_element=60.0)
+                add=30.0, mul=18.0, div=200.0, pool_tap=80.0, pool_output=20.0, max_tap=96.0, softmax=80.0,
+                table=4.0, float_mac=60.0, float_element=60.0)
 TIMINGS = {t.isa: t for t in (MVE, DSP, SCALAR)}
 
 
@@ -243,6 +246,7 @@ def _batch_matmul(args: dict, t: Timing, board: Board) -> Estimate:
 PER_ELEMENT = {
     "cortex_m::quantized_add.out": ("add", "out", "arm_elementwise_add_s8"),
     "cortex_m::quantized_mul.out": ("mul", "out", "arm_elementwise_mul_s8"),
+    "cortex_m::quantized_div.out": ("div", "out", "float divide loop"),
     "cortex_m::quantized_activation.out": ("table", "input", "table lookup"),
     "cortex_m::softmax.out": ("softmax", "input", "arm_softmax_s8"),
     **{f"{namespace}::{op}_per_tensor.out": ("quantize", "input", f"{op} loop")

@@ -9,6 +9,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ...capture.graph import graph_attr
+from ...partition.partitioner import ABSORBS
 from ...quantize.qdq import PASSTHROUGH, QParams, is_dequantize, is_quantize, qparams_of
 from .ops import SOFTMAX_INPUT_BITS, multiplier_shift
 from .patterns import (REPLACES, aten, clean, cm, int8_tensor, new_constant, pattern_input, pattern_output,
@@ -67,6 +68,37 @@ def mul(gm: GraphModule, isa: str) -> GraphModule:
         (sa, qa), (sb, qb), (out, qout, _, _) = a, b, end
         args = (sa, qa.zp, sb, qb.zp, qout.zp, *multiplier_shift(qa.s * qb.s / qout.s))
         replace_pattern(gm, out, cm.quantized_mul.default, args)
+    return clean(gm)
+
+
+def extrema(gm: GraphModule, isa: str) -> GraphModule:
+    """dq, dq -> minimum/maximum -> q, all three with the same qparams (the quantizer shares them): the elementwise
+    minimum or maximum of the integers."""
+    kernels = {aten.minimum.default: cm.minimum.default, aten.maximum.default: cm.maximum.default}
+    for node in list(gm.graph.nodes):
+        if node.target not in kernels:
+            continue
+        a, b, end = pattern_input(node.args[0]), pattern_input(node.args[1]), pattern_output(node)
+        if a is None or b is None or end is None or end[2:] != (-128, 127) or \
+                not (same_qparams(a[1], b[1]) and same_qparams(a[1], end[1])):
+            continue
+        replace_pattern(gm, end[0], kernels[node.target], (a[0], b[0]))
+    return clean(gm)
+
+
+def div(gm: GraphModule, isa: str) -> GraphModule:
+    """dq, dq -> div (equal shapes) -> q: quantized_div, which divides in float and scales the quotient by
+    s_self / (s_other * s_out) (carried as a float: no fixed-point divide exists)."""
+    for node in list(gm.graph.nodes):
+        if node.target != aten.div.Tensor or node.kwargs.get("rounding_mode") is not None:
+            continue
+        a, b, end = pattern_input(node.args[0]), pattern_input(node.args[1]), pattern_output(node)
+        if a is None or b is None or end is None or a[0].meta["val"].shape != b[0].meta["val"].shape or \
+                end[2:] != (-128, 127):
+            continue
+        (sa, qa), (sb, qb), (out, qout, _, _) = a, b, end
+        replace_pattern(gm, out, cm.quantized_div.default, (sa, qa.zp, sb, qb.zp, qout.zp,
+                                                            float(qa.s / (qb.s * qout.s))))
     return clean(gm)
 
 
@@ -253,7 +285,7 @@ def passthrough(gm: GraphModule, isa: str) -> GraphModule:
         if qout is None or (qout.s, qout.zp) != (qin.s, qin.zp):
             continue
         node.replace_input_with(src, x)
-        node.meta.update(val=out.meta["val"], **{REPLACES: out.name})
+        node.meta.update(val=out.meta["val"], **{REPLACES: out.name, ABSORBS: [src.name, out.name]})
         out.replace_all_uses_with(node)
     return clean(gm)
 

@@ -31,6 +31,8 @@ SCHEMAS: dict[str, str] = {
                      "int output_multiplier, int output_shift, int activation_min, int activation_max",
     "quantized_mul": "Tensor self, int self_zero_point, Tensor other, int other_zero_point, int output_zero_point, "
                      "int output_multiplier, int output_shift",
+    "quantized_div": "Tensor self, int self_zero_point, Tensor other, int other_zero_point, int output_zero_point, "
+                     "float output_scale",
     "quantized_linear": "Tensor input, Tensor weights, Tensor? bias, Tensor? kernel_sum, int input_offset, "
                         "int filter_offset, int output_offset, int[] requantize_multipliers, "
                         "int[] requantize_shifts, int activation_max, int activation_min",
@@ -114,6 +116,15 @@ def quantized_add(a, a_zp, a_mult, a_shift, b, b_zp, b_mult, b_shift, out_zp, ou
 def quantized_mul(a, a_zp, b, b_zp, out_zp, out_mult, out_shift):
     product = (a.to(torch.int32) - a_zp) * (b.to(torch.int32) - b_zp)
     return _saturate(requantize(product, out_mult, out_shift) + out_zp, -128, 127)
+
+
+def quantized_div(a, a_zp, b, b_zp, out_zp, out_scale):
+    """No CMSIS-NN kernel divides: float32 quotients of the offset operands (0 where the divisor is), scaled,
+    rounded half to even, saturated to the operands' type (int8 or int16)."""
+    num, den = (a.to(torch.int32) - a_zp).to(torch.float32), (b.to(torch.int32) - b_zp).to(torch.float32)
+    quotient = torch.where(den != 0, num / den, torch.zeros_like(num))
+    info = torch.iinfo(a.dtype)
+    return (torch.round(quotient * out_scale) + out_zp).clamp(info.min, info.max).to(a.dtype)
 
 
 def quantized_linear(x, weights, bias, kernel_sum, input_offset, filter_offset, output_offset, multipliers, shifts,
@@ -286,6 +297,7 @@ OPERATORS: dict[str, Operator] = {
     "dequantize_per_tensor": Operator(dequantize_per_tensor, lambda q, *a: torch.empty_like(q, dtype=torch.float)),
     "quantized_add": Operator(quantized_add, lambda a, *r: torch.empty_like(a if a.numel() >= r[3].numel() else r[3])),
     "quantized_mul": Operator(quantized_mul, lambda a, az, b, *r: torch.empty_like(a if a.numel() >= b.numel() else b)),
+    "quantized_div": Operator(quantized_div, lambda a, *r: torch.empty_like(a)),
     "quantized_linear": Operator(quantized_linear, lambda x, w, *r: x.new_empty((*x.shape[:-1], w.shape[0]))),
     "quantized_conv2d": Operator(quantized_conv2d, lambda x, w, b, s, p, d, *r: _conv_shape(x, w.shape[1:3], s, p, d,
                                                                                             w.shape[0])),

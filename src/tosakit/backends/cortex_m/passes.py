@@ -10,12 +10,13 @@ from typing import Callable
 
 from torch.fx import GraphModule
 
-from .elementwise import add, avg_pool, boundaries, max_pool, mean, mul, passthrough, softmax, table, transpose
+from .elementwise import (add, avg_pool, boundaries, div, extrema, max_pool, mean, mul, passthrough, softmax,
+                          table, transpose)
 from .layers import batch_matmul, convolution, linear, transposed_convolution
 from .patterns import REPLACES
 
-PIPELINE: list[Callable] = [convolution, transposed_convolution, linear, add, mul, batch_matmul, softmax, mean,
-                            avg_pool, max_pool, table, passthrough, transpose, boundaries]
+PIPELINE: list[Callable] = [convolution, transposed_convolution, linear, add, mul, div, extrema, batch_matmul,
+                            softmax, mean, avg_pool, max_pool, table, passthrough, transpose, boundaries]
 __all__ = ["PIPELINE", "REPLACES", "pipeline"]
 
 

@@ -7,6 +7,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ...capture.graph import graph_attr
+from ...partition.partitioner import ABSORBS
 from ...quantize.qdq import QParams, is_dequantize, is_quantize, qparams_of
 from .ops import multiplier_shift
 from .scratch import scratch_buffer
@@ -76,12 +77,28 @@ def new_constant(gm: GraphModule, name: str, value: torch.Tensor, before: Node) 
 
 
 def replace_pattern(gm: GraphModule, output: Node, target, args: tuple) -> Node:
-    """``target(*args)`` in place of the pattern ending at quantize ``output``."""
+    """``target(*args)`` in place of the pattern ending at quantize ``output``; its meta names the nodes it
+    computes (those only the pattern read)."""
     with gm.graph.inserting_before(output):
         node = gm.graph.call_function(target, args)
     node.meta = {**output.meta, REPLACES: output.meta.get(REPLACES, output.name)}
     output.replace_all_uses_with(node)
+    node.meta[ABSORBS] = _absorbed(output)
     return node
+
+
+def _absorbed(output: Node) -> list[str]:
+    """``output`` and the nodes before it whose every reader is among them: what the replaced pattern computed."""
+    inside, stack = {output}, list(output.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n not in inside and n.op == "call_function" and n.users and all(u in inside for u in n.users):
+            inside.add(n)
+            stack += n.all_input_nodes
+    names = [n.name for n in inside]
+    for n in inside:
+        names += n.meta.get(ABSORBS, [])
+    return list(dict.fromkeys(names))
 
 
 def scratch(gm: GraphModule, size: int, before: Node) -> Node:
