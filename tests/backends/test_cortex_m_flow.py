@@ -372,6 +372,25 @@ def test_element_wise_chains_become_tables_equal_to_the_fake_quantized_model_int
     assert torch.equal(got, evaluate_exact(compiled.quantized, grid)[0])
 
 
+def test_minimum_and_maximum_share_one_quantization_int(tmp_path):
+    """CortexMQuantizer gives a minimum's or maximum's operands and result one quantization, as ExecuTorch's does:
+    each is a cortex_m:: kernel on the integers, and the program equals the fake-quantized model."""
+    from tosakit.runtime import evaluate_exact
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(1, 8, 4, 4), torch.randn(1, 8, 4, 4) * 3)
+    compiled = compile(Extrema().eval(), inputs, "cortex-m55", quantize=True)
+    assert {"cortex_m::minimum.out", "cortex_m::maximum.out"} <= set(compiled.program.emitted.kernel_ops)
+    assert not {k for k in compiled.program.emitted.kernel_ops if k.startswith("aten::")}
+    (tmp_path / "e.pte").write_bytes(compiled.program.buffer)
+    got = load(tmp_path / "e.pte").run(list(inputs))[0]
+    want = evaluate_exact(compiled.quantized, *inputs)[0]
+    last = next(n for n in compiled.edge.program.graph_module.graph.nodes if n.op == "output").args[0][0]
+    assert str(last.target) == "cortex_m.dequantize_per_tensor.default"
+    step = last.args[1]  # the output's scale
+    assert float((got - want).abs().max()) <= step * 1.01
+
+
 def test_mv3_leaves_no_compute_to_portable_kernels(tmp_path):
     """MobileNetV3 for cortex-m55: hardswish and hardsigmoid are tables, the squeeze-excite gates channel-broadcast
     cortex_m muls; nothing but data moves stays a portable kernel, and the program tracks the fake-quantized

@@ -182,6 +182,7 @@ class CortexMQuantizer(TOSAQuantizer):
     -128)."""
 
     KEEP_WHOLE = frozenset({torch.ops.aten.softmax.int, torch.ops.aten._softmax.default})
+    EXTREMA = frozenset({torch.ops.aten.minimum.default, torch.ops.aten.maximum.default})
     SOFTMAX_OUTPUT = FixedQParamsQuantizationSpec(torch.int8, 1 / 256, -128, -128, 127, torch.per_tensor_affine)
 
     def __init__(self, compile_spec: CortexMCompileSpec | None = None):
@@ -189,10 +190,14 @@ class CortexMQuantizer(TOSAQuantizer):
         self.set_module_type(torch.nn.Linear, get_symmetric_quantization_config(is_per_channel=False))
 
     def annotate(self, model: GraphModule) -> GraphModule:
-        """The annotations, the softmax output fixed."""
+        """The annotations, the softmax output fixed; a minimum's or maximum's operands and result share one
+        quantization (CMSIS-NN compares the integers)."""
         super().annotate(model)
         for node in model.graph.nodes:
             ann = node.meta.get(ANNOTATION_KEY)
             if node.target in self.KEEP_WHOLE and ann is not None and ann.output_qspec is not None:
                 ann.output_qspec = self.SOFTMAX_OUTPUT
+            if node.target in self.EXTREMA and ann is not None and len(ann.input_qspec_map) == 2:
+                first, second = ann.input_qspec_map
+                ann.input_qspec_map[second] = ann.output_qspec = SharedQuantizationSpec((first, node))
         return model
