@@ -54,13 +54,17 @@ SEEDS = {
 }
 
 
+# Seeds bundled with a test case (.bpte): the program of a seed above, its example input, the outputs expected.
+BUNDLED_SEEDS = ("cpu_int", "ethos_u55")
+
+
 def build_seeds(folder: Path) -> list[Path]:
-    """Write every seed program into ``folder`` (kept when already there); their paths."""
+    """Write every seed program (and the bundled ones) into ``folder`` (kept when already there); their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, (model_cls, target, quantize, delegate, carry) in SEEDS.items():
-        path = folder / f"{name}.pte"
-        if not path.exists():
+        path, bundled = folder / f"{name}.pte", folder / f"{name}_bundled.bpte"
+        if not path.exists() or (name in BUNDLED_SEEDS and not bundled.exists()):
             torch.manual_seed(0)
             model = model_cls().eval()
             inputs = (torch.randn(1, 3, 8, 8),)
@@ -68,8 +72,21 @@ def build_seeds(folder: Path) -> list[Path]:
             spec.embed_tosa = carry
             compiled = compile(model, inputs, spec, quantize=quantize, delegate=delegate)
             write_atomic(path, compiled.program.buffer)
-        paths.append(path)
+            if name in BUNDLED_SEEDS:
+                write_atomic(bundled, _bundle(compiled, model, inputs))
+        paths += [path] + ([bundled] if name in BUNDLED_SEEDS else [])
     return paths
+
+
+def _bundle(compiled, model, inputs) -> bytes:
+    from tosakit.program.bundled import (BundledProgram, MethodTestCase, MethodTestSuite,
+                                         serialize_from_bundled_program_to_flatbuffer)
+    from tosakit.runtime import evaluate_exact
+
+    expected = evaluate_exact(compiled.quantized, *inputs) if compiled.quantized is not None else (model(*inputs),)
+    case = MethodTestCase(list(inputs), [t.detach() for t in expected])
+    return serialize_from_bundled_program_to_flatbuffer(BundledProgram(compiled.program,
+                                                                       [MethodTestSuite("forward", [case])]))
 
 
 # name -> (built-in model, target, memory mode, 16-bit activations): together every operation family the

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--verify", action="store_true",
                    help="run the program on the host against float PyTorch and the fake-quantized model "
                         "(per layer too, with -i)")
+    c.add_argument("--bundleio", action="store_true",
+                   help="also write NAME.bpte: the program bundled with a test case (the --inputs, or the example "
+                        "input) and the outputs expected (the fake-quantized model's with --quantize, else the float "
+                        "model's), which `tosakit run NAME.bpte` and ExecuTorch's runners check")
     c.add_argument("--inputs", help="inputs for --verify: an .npz with arrays arg0, arg1, ... (default: the example "
                                     "input, or seeded random inputs when it was the calibration sample)")
     c.add_argument("--random", action="store_true", help="seeded random inputs for --verify")
@@ -143,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(arm_executor_runner: arenas, load_method, inputs) holds the program")
     r.add_argument("--temp-pool", "--temp_pool", type=_pool_bytes, metavar="SIZE",
                    help="refuse to run unless a temp allocator pool of this size serves every instruction")
+    r.add_argument("--atol", type=float, default=0.01, help="a .bpte's absolute tolerance (default 0.01)")
+    r.add_argument("--rtol", type=float, default=0.01, help="a .bpte's relative tolerance (default 0.01)")
     _add_limits(r)
     r.set_defaults(func=cmd_run)
     g = sub.add_parser("generate", help="a decoder LLM (KV cache) as prefill and decode programs; greedy tokens "

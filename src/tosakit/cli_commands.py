@@ -23,6 +23,7 @@ def cmd_compile(args) -> int:
         input_shapes=args.input_shape or [], debug_info=args.debug_info, int8_io=args.int8_io,
         channels_last=args.channels_last, verify=args.verify,
         inputs_file=args.inputs, random_inputs=args.random, calibration=args.calibration, quiet=args.quiet,
+        bundleio=args.bundleio,
     )
     start = time.perf_counter()
     run = compile_model(opts)
@@ -32,6 +33,14 @@ def cmd_compile(args) -> int:
     if run.verification is not None:
         print(f"verified on {run.verified_on}")
         print(run.verification.table())
+    if opts.bundleio:
+        from .compile_job import output_step
+
+        bpte, step = run.output.with_suffix(".bpte"), output_step(run)
+        print(f"wrote {bpte} (the program and a test case: `tosakit run {bpte}` checks it)")
+        if step > 0.01:
+            print(f"  its outputs may differ from the fake-quantized model's by one step, {step:.6g}, more than the "
+                  f"runners' default tolerance 0.01: check with --atol {step * 1.01:.4g} (ET_ATOL on the device)")
     if opts.intermediates:
         print(f"reports: {Path(opts.intermediates) / 'report.html'}, report.json"
               + (", layers.csv" if run.verification is not None and run.verification.layers else ""))
@@ -47,6 +56,8 @@ def cmd_run(args) -> int:
     if args.verify and args.engine == "tosa":
         raise TosakitError("--verify compares the NPU engine's results with the TOSA ones: it runs --engine npu",
                            "drop --engine tosa")
+    if _is_bundled_file(args.pte):
+        return _run_bundled(args)
     program = load(args.pte, limits=_limits(args), engine=args.engine)  # validated whole before torch is imported
     if args.method_pool is not None or args.temp_pool is not None:
         from .runtime.pools import check_pools, runner_memory
@@ -167,11 +178,40 @@ def cmd_inspect(args) -> int:
     from .runtime import load
     from .runtime.inspect import command_listing, describe
 
-    program = load(args.pte, limits=_limits(args))
+    if _is_bundled_file(args.pte):
+        from .runtime.bundled import load_bundled, suite_lines
+
+        program, table = load_bundled(args.pte, _limits(args))
+        print("\n".join(suite_lines(table)))
+    else:
+        program = load(args.pte, limits=_limits(args))
     print(describe(program, Path(args.pte).stat().st_size, args.cpu))
     if args.commands:
         print(command_listing(program))
     return 0
+
+
+def _is_bundled_file(path: str) -> bool:
+    from .program.bundled import is_bundled
+
+    try:
+        with open(path, "rb") as f:
+            return is_bundled(f.read(8))
+    except OSError:
+        return False  # load() names what is wrong with the path
+
+
+def _run_bundled(args) -> int:
+    """Every test case of a .bpte: the outputs against the expected ones, then Test_result (exit 3 on FAIL)."""
+    from .runtime.bundled import FAIL_EXIT, check_bundled, load_bundled
+
+    if args.inputs or args.random or args.outputs or args.verify:
+        raise TosakitError(f"{args.pte} is a BundledProgram: it runs its own test cases",
+                           "drop --inputs/--random/--outputs/--verify, or run the .pte inside it")
+    program, table = load_bundled(args.pte, _limits(args), args.engine)
+    report = check_bundled(program, table, args.atol, args.rtol)
+    print("\n".join(report.lines()))
+    return 0 if report.passed else FAIL_EXIT
 
 
 def cmd_accuracy(args) -> int:

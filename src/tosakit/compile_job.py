@@ -53,6 +53,7 @@ class CompileOptions:
     calibration: str | None = None
     quiet: bool = False
     cortex_m_fallback: str | None = None  # the core whose cortex_m:: kernels run what the delegate leaves
+    bundleio: bool = False  # also write NAME.bpte: the program with a test case
 
 
 @dataclass
@@ -124,10 +125,41 @@ def compile_model(opts: CompileOptions) -> CompileRun:
                      core_for(opts.target, opts.cortex_m_fallback))
     progress.step("writing the program")
     run.program.save(output)
+    if opts.bundleio:
+        write_bundled(run, output.with_suffix(".bpte"), check_inputs if opts.inputs_file else inputs)
     if folder is not None:
         write_reports(folder, opts.model_name, opts.target, output, run.edge, run.program, run.verification,
                       run.core)
     return run
+
+
+def write_bundled(run: CompileRun, path: Path, inputs: tuple) -> None:
+    """``path``: the program with one test case, ``inputs`` and the outputs expected of them (the fake-quantized
+    model's when quantized, evaluated exactly: the program is within one output step of it; else the float
+    model's), as ExecuTorch's ``--bundleio`` writes it."""
+    import torch
+
+    from .errors import write_atomic
+    from .program.bundled import (BundledProgram, MethodTestCase, MethodTestSuite,
+                                  serialize_from_bundled_program_to_flatbuffer)
+    from .runtime import evaluate_exact
+
+    with torch.no_grad():
+        expected = evaluate_exact(run.quantized, *inputs) if run.quantized is not None else run.model(*inputs)
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    case = MethodTestCase(list(inputs), [t.detach() for t in expected])
+    bundled = BundledProgram(run.program, [MethodTestSuite("forward", [case])])
+    write_atomic(path, serialize_from_bundled_program_to_flatbuffer(bundled))
+
+
+def output_step(run: CompileRun) -> float:
+    """The largest quantization step among the program's dequantized outputs (0.0 when none is)."""
+    from .quantize.qdq import is_dequantize, qparams_of
+
+    gm = run.edge.program.graph_module
+    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    steps = [float(qparams_of(n, gm).s) for n in outputs if is_dequantize(n)]
+    return max(steps, default=0.0)
 
 
 def _check_options(opts: CompileOptions) -> Path | None:
@@ -136,6 +168,9 @@ def _check_options(opts: CompileOptions) -> Path | None:
         raise TosakitError("--int8-io needs --quantize and --delegate", "add both, or drop --int8-io")
     if opts.calibration and not opts.quantize:
         raise TosakitError("--calibration is for --quantize", "add --quantize, or drop --calibration")
+    if opts.bundleio and opts.int8_io:
+        raise TosakitError("--bundleio bundles float inputs and outputs; --int8-io makes the program take integers",
+                           "drop one of them")
     folder = Path(opts.intermediates) if opts.intermediates else None
     if folder is not None and folder.exists() and not folder.is_dir():
         raise TosakitError(f"-i {folder} is a file, not a folder", "name a folder for the reports (it is created)")

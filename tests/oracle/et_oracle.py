@@ -129,6 +129,46 @@ def cortex_m_export(args):
     return job(vars(args))
 
 
+def bundled(args):
+    """A .bpte in ExecuTorch: its runtime runs each test case and verifies the expected outputs
+    (verify_result_with_bundled_expected_output, at ``rtol``/``atol``); its devtools serializer reads the file back,
+    each test case's values saved to ``out`` (NPZ: s{suite}_c{case}_in{i} and _out{i})."""
+    import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed kernels)
+    import numpy as np
+    from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program
+    from executorch.extension.pybindings import portable_lib
+
+    data = open(args.bpte, "rb").read()
+    table = deserialize_from_flatbuffer_to_bundled_program(data)
+    arrays, suites = {}, []
+    for s, suite in enumerate(table.method_test_suites):
+        suites.append({"method": suite.method_name, "cases": len(suite.test_cases)})
+        for c, case in enumerate(suite.test_cases):
+            for kind, values in (("in", case.inputs), ("out", case.expected_outputs)):
+                for i, v in enumerate(values):
+                    t = v.val
+                    if hasattr(t, "sizes"):  # stored in dim order: back to the logical order
+                        stored = np.frombuffer(bytes(t.data), dtype=_NUMPY[int(t.scalar_type)])
+                        order = list(t.dim_order) or list(range(len(t.sizes)))
+                        stored = stored.reshape([t.sizes[d] for d in order])
+                        arrays[f"s{s}_c{c}_{kind}{i}"] = stored.transpose(np.argsort(order))
+    np.savez(args.out, **arrays)
+    module = portable_lib._load_bundled_program_from_buffer(data)
+    verified = []
+    for suite in table.method_test_suites:
+        for c in range(len(suite.test_cases)):
+            try:
+                module.verify_result_with_bundled_expected_output(suite.method_name, c, args.rtol, args.atol)
+                verified.append([suite.method_name, c, True, ""])
+            except Exception as e:  # noqa: BLE001  (a mismatch is an answer)
+                verified.append([suite.method_name, c, False, f"{type(e).__name__}: {e}"])
+    return {"version": table.version, "suites": suites, "verified": verified}
+
+
+_NUMPY = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32", 7: "float64",
+          11: "bool"}
+
+
 def serve(_args):
     """One result line per request line; the runtime's own log of a refused request comes with its error."""
     import os
@@ -137,7 +177,7 @@ def serve(_args):
 
     commands = {"load": load, "run": run, "run_calls": run_calls, "export": export, "kernels": kernels, "export_ethosu": export_ethosu,
                 "cortex_m_op": cortex_m_op, "cortex_m_export": cortex_m_export,
-                "cortex_m_schemas": cortex_m_schemas}
+                "cortex_m_schemas": cortex_m_schemas, "bundled": bundled}
     for line in sys.stdin:
         request = json.loads(line)
         log = tempfile.TemporaryFile()

@@ -155,6 +155,18 @@ class EtOracle:
         return self._exporting()._call("cortex_m_export", name=name, model=model, inputs=saved_inputs,
                                        targets=targets, out=folder, quantized=quantized)
 
+    def bundled(self, bpte: str | os.PathLike, atol: float = 0.01, rtol: float = 0.01) -> dict:
+        """A .bpte in ExecuTorch: {"version", "suites": [{"method", "cases"}], "verified": [[method, case, ok,
+        error]] (its runtime's verify_result_with_bundled_expected_output), "values": {name: array} (its
+        serializer's reading: s{suite}_c{case}_in{i}, _out{i})}."""
+        import numpy as np
+
+        out = Path(bpte).with_suffix(".et.npz")
+        result = self._call("bundled", bpte=bpte, atol=atol, rtol=rtol, out=out)
+        with np.load(out) as arrays:
+            result["values"] = {k: arrays[k] for k in arrays.files}
+        return result
+
     def cortex_m_schemas(self, ops: list[str]) -> dict[str, str]:
         """Each ``cortex_m::op.out`` schema as ExecuTorch 1.5.1 registers it."""
         return self._exporting()._call("cortex_m_schemas", ops=list(ops))["schemas"]

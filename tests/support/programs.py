@@ -47,7 +47,7 @@ class ProgramCheck:
         from tosakit.runtime import load
 
         path = compiled.program.save(self.folder / f"program{len(list(self.folder.glob('*.pte')))}.pte")
-        et = [torch.from_numpy(a) for a in self.oracle.run(path, inputs)]
+        et = self.executorch_outputs = [torch.from_numpy(a) for a in self.oracle.run(path, inputs)]
         host = load(path).run(inputs)
         with torch.no_grad():
             want = (compiled.quantized if compiled.quantized is not None else module)(*inputs)

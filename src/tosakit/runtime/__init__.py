@@ -9,8 +9,10 @@ from ..lazy import lazy_exports
 _PROGRAM = ["LoadedProgram", "Limits", "load"]
 _RECORDS = ["EngineComparison", "TensorSpec"]
 _DELEGATES = ["DelegateCheck", "check_delegates", "compare", "evaluate_exact", "run_edge"]
-__all__ = [*_PROGRAM, *_RECORDS, *_DELEGATES, "run_tosa"]
+_BUNDLED = ["load_bundled", "check_bundled"]
+__all__ = [*_PROGRAM, *_RECORDS, *_DELEGATES, *_BUNDLED, "run_tosa"]
 __getattr__, __dir__ = lazy_exports(__name__, {**{n: ".program" for n in _PROGRAM},
                                                **{n: ".records" for n in _RECORDS},
                                                **{n: ".delegates" for n in _DELEGATES},
+                                               **{n: ".bundled" for n in _BUNDLED},
                                                "run_tosa": ".tosa_inprocess"})

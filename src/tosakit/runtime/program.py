@@ -9,6 +9,7 @@ from typing import Callable
 
 from ..errors import RAISE_MEMORY_HINT, TosakitError
 from ..program import schema as S
+from ..program.bundled import is_bundled
 from ..program.pte import deserialize_pte, tosa_key
 from .records import EngineComparison, NpuCall, TensorSpec
 from .validate import Limits, MethodLayout, check_engine, delegate_payload, validate
@@ -31,7 +32,9 @@ class LoadedProgram:
         try:
             self.program, self.segments = deserialize_pte(data)
         except TosakitError as exc:
-            raise TosakitError(f"{name}: {exc.message}", exc.hint) from None
+            hint = ("it is a BundledProgram (.bpte): `tosakit run` checks its test cases, `runtime.load_bundled` "
+                    "reads it") if is_bundled(data) else exc.hint
+            raise TosakitError(f"{name}: {exc.message}", hint) from None
         self._tosa = dict(tosa or {})
         for nd in self.program.named_data or []:
             self._tosa.setdefault(nd.key, self.segments[nd.segment_index])
@@ -162,9 +165,8 @@ class LoadedProgram:
                                "comparing the engines needs a delegate the npu or vgf engine runs")
 
 
-def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,
-         engine: str | None = None) -> LoadedProgram:
-    """Read and validate a .pte for running on the host, Ethos-U delegates on ``engine`` (see LoadedProgram)."""
+def read_file(path: str | Path, limits: Limits | None = None) -> bytes:
+    """A program file's bytes, refused when missing or larger than the memory limit."""
     path = Path(path)
     if not path.is_file():
         raise TosakitError(f"{path} not found" if not path.exists() else f"{path} is not a file",
@@ -175,7 +177,12 @@ def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits 
         raise TosakitError(f"{path} is {size} bytes, more than the {limits.max_memory}-byte memory limit",
                            RAISE_MEMORY_HINT)
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise TosakitError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
-    return LoadedProgram(data, str(path), tosa, limits, engine=engine)
+
+
+def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,
+         engine: str | None = None) -> LoadedProgram:
+    """Read and validate a .pte for running on the host, Ethos-U delegates on ``engine`` (see LoadedProgram)."""
+    return LoadedProgram(read_file(path, limits), str(path), tosa, limits, engine=engine)
