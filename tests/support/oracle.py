@@ -155,14 +155,17 @@ class EtOracle:
         return self._exporting()._call("cortex_m_export", name=name, model=model, inputs=saved_inputs,
                                        targets=targets, out=folder, quantized=quantized)
 
-    def bundled(self, bpte: str | os.PathLike, atol: float = 0.01, rtol: float = 0.01) -> dict:
+    def bundled(self, bpte: str | os.PathLike, atol: float = 0.01, rtol: float = 0.01, read_back: bool = True,
+                suites: list | None = None) -> dict:
         """A .bpte in ExecuTorch: {"version", "suites": [{"method", "cases"}], "verified": [[method, case, ok,
         error]] (its runtime's verify_result_with_bundled_expected_output), "values": {name: array} (its
-        serializer's reading: s{suite}_c{case}_in{i}, _out{i})}."""
+        serializer's reading: s{suite}_c{case}_in{i}, _out{i}; its runtime's outputs, _got{i})}. Without
+        ``read_back`` (seconds per MB of program) ``suites`` ([[method, test cases]]) names what to verify."""
         import numpy as np
 
         out = Path(bpte).with_suffix(".et.npz")
-        result = self._call("bundled", bpte=bpte, atol=atol, rtol=rtol, out=out)
+        result = self._call("bundled", bpte=bpte, atol=atol, rtol=rtol, out=out, read_back=read_back,
+                            suites=suites)
         with np.load(out) as arrays:
             result["values"] = {k: arrays[k] for k in arrays.files}
         return result

@@ -9,6 +9,9 @@ import numpy as np
 from support.oracle import EtOracle
 
 
+READ_BACK_BYTES = 1 << 20  # bundles ExecuTorch's serializer reads back (it converts through JSON: seconds per MB)
+
+
 class ProgramCheck:
     """A written .pte executed by the ExecuTorch runtime (the oracle) and by `tosakit run`, both compared
     with PyTorch: float outputs to a relative tolerance, dequantized outputs within one step of the
@@ -19,7 +22,7 @@ class ProgramCheck:
     def __init__(self, oracle: EtOracle, folder: Path):
         self.oracle, self.folder = oracle, folder
 
-    def cpu_only(self, module, inputs, quantize: bool, whole_in_executorch: bool = True):
+    def cpu_only(self, module, inputs, quantize: bool, whole_in_executorch: bool = True, bundled: bool = False):
         """Compile without a partitioner (float or quantized) and check the program everywhere; returns it.
         A quantized program that rounds more than once on the way from an input to an output has its
         ExecuTorch values judged per layer (``layers``): ExecuTorch's float kernels sum in another order than
@@ -32,27 +35,28 @@ class ProgramCheck:
                            delegate=False)
         assert not compiled.edge.delegates
         deep = quantize and whole_in_executorch and roundings(compiled.edge.program.graph_module) > 1
-        self.program(compiled, inputs, module, whole_in_executorch and not deep)
+        self.program(compiled, inputs, module, whole_in_executorch and not deep, bundled)
         if deep:
             assert self.layers(compiled, inputs) > 0
         return compiled
 
-    def program(self, compiled, inputs, module, whole_in_executorch: bool = True):
+    def program(self, compiled, inputs, module, whole_in_executorch: bool = True, bundled: bool = False):
         """Save ``compiled``'s program, run it in ExecuTorch and on the host, compare both with PyTorch
         (``module``, or the fake-quantized model when quantized). Without ``whole_in_executorch`` the
         runtime must execute the program and give outputs of the right kind, but its values are judged
-        per layer (``layers``)."""
+        per layer (``layers``). ``bundled``: ExecuTorch runs it from a .bpte instead (``bundled_run``)."""
         import torch
 
         from tosakit.runtime import load
 
         path = compiled.program.save(self.folder / f"program{len(list(self.folder.glob('*.pte')))}.pte")
-        et = self.executorch_outputs = [torch.from_numpy(a) for a in self.oracle.run(path, inputs)]
         host = load(path).run(inputs)
+        steps = self.output_steps(compiled)
+        et = self.bundled_run(compiled, inputs, host, steps, whole_in_executorch) if bundled else \
+            [torch.from_numpy(a) for a in self.oracle.run(path, inputs)]
         with torch.no_grad():
             want = (compiled.quantized if compiled.quantized is not None else module)(*inputs)
         want = list(want) if isinstance(want, (tuple, list)) else [want]
-        steps = self.output_steps(compiled)
         assert len(et) == len(host) == len(want), (len(et), len(host), len(want))
         for k, (e, h, w, step) in enumerate(zip(et, host, want, steps)):
             self.assert_matches(h, w, step, f"output {k}: tosakit run vs PyTorch")
@@ -62,6 +66,32 @@ class ProgramCheck:
             else:
                 assert e.dtype == h.dtype and e.shape == h.shape and bool(torch.isfinite(e.double()).all()), \
                     f"output {k}: ExecuTorch gave {e.dtype}{list(e.shape)}, tosakit run {h.dtype}{list(h.shape)}"
+
+    def bundled_run(self, compiled, inputs, host, steps, whole: bool) -> list:
+        """The program as a .bpte (its inputs; tosakit run's outputs as the ones expected): ExecuTorch's runtime
+        loads the bundled inputs, runs them and its verify passes at the tolerance ``assert_matches`` allows
+        between the two runtimes (anything, when the values are judged per layer); its serializer reads every
+        value back as written (bundles under READ_BACK_BYTES: it converts through JSON). ExecuTorch's outputs."""
+        import torch
+
+        from tosakit.program.bundled import (BundledProgram, MethodTestCase, MethodTestSuite,
+                                             serialize_from_bundled_program_to_flatbuffer)
+
+        case = MethodTestCase(list(inputs), list(host))
+        path = self.folder / f"bundle{len(list(self.folder.glob('*.bpte')))}.bpte"
+        path.write_bytes(serialize_from_bundled_program_to_flatbuffer(
+            BundledProgram(compiled.program, [MethodTestSuite("forward", [case])])))
+        limits = [step * 1.001 + 1e-6 if step else self.RTOL * max(1.0, float(h.double().abs().max()))
+                  for h, step in zip(host, steps)]
+        read_back = path.stat().st_size < READ_BACK_BYTES
+        result = self.oracle.bundled(path, atol=max(limits) if whole else float("inf"), rtol=0.0,
+                                     read_back=read_back, suites=[["forward", 1]])
+        assert result["verified"] == [["forward", 0, True, ""]], result["verified"]
+        values = result["values"]
+        for kind, tensors in (("in", inputs), ("out", host)) if read_back else ():
+            for i, t in enumerate(tensors):
+                assert np.array_equal(values[f"s0_c0_{kind}{i}"], t.numpy()), (kind, i)
+        return [torch.from_numpy(values[f"s0_c0_got{i}"]) for i in range(len(host))]
 
     def layers(self, compiled, inputs) -> int:
         """Each quantized layer of a CPU-only program, alone: fed the reference's integer inputs, ExecuTorch's
