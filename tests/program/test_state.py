@@ -124,3 +124,20 @@ def load_bytes(data: bytes):
     from tosakit.runtime.program import LoadedProgram
 
     return LoadedProgram(data, "the program")
+
+
+def test_state_with_a_zero_size_dimension_is_one_clean_outcome():
+    """A file whose state tensor has a zero-size dimension (as a mutated decoder's had): no bytes to start from,
+    and the run either works or ends in tosakit's error, never in torch's "buffer length (0)" exception."""
+    model, x = _running()
+    buffer = compile(model, (x,), "TOSA-1.0+FP", delegate=False).program.buffer
+    program, segments = deserialize_pte(buffer)
+    plan = program.execution_plan[0]
+    state = next(v.val for v in plan.values if getattr(v.val, "data_buffer_idx", 0) > 0
+                 and v.val.allocation_info is not None)
+    state.sizes = [0] + state.sizes[1:]
+    loaded = load_bytes(serialize_pte(program, segments))
+    try:
+        loaded.run([x])
+    except TosakitError:
+        pass

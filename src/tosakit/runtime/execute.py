@@ -330,7 +330,7 @@ def new_arenas(loaded, layout: MethodLayout, shared: dict[int, torch.Tensor]) ->
         if k == SHARED_ARENA:
             shared[k] = arenas[k]
     for arena, offset, segment, at, nbytes in layout.initial:
-        if arena in fresh:
+        if arena in fresh and nbytes:  # a state tensor with a zero-size dimension has no bytes to start from
             data = loaded.segments[segment][at:at + nbytes]
             arenas[arena][offset:offset + nbytes] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return arenas
