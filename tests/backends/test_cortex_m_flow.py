@@ -487,3 +487,14 @@ def test_importing_tosakit_leaves_the_cortex_m_namespace_to_executorch():
             "print(hasattr(torch.ops.cortex_m, 'quantized_add'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_a_cpu_op_of_any_target_names_the_kernel_computing_it():
+    """Placements of ops whose target is a Python builtin (getitem) or an ATen op name a portable kernel."""
+    from tosakit.partition.partitioner import NodePlacement, note_cpu_kernels
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(torch.split(x, 2)[0]))
+    placements = [NodePlacement(n.name, str(n.target), "cpu") for n in gm.graph.nodes if n.op == "call_function"]
+    assert len(placements) == 3 and any("getitem" in p.target for p in placements)
+    note_cpu_kernels(gm, placements)
+    assert [p.kernel for p in placements] == [f"portable {p.node}" for p in placements]

@@ -61,9 +61,9 @@ def note_cpu_kernels(gm: GraphModule, placements: list[NodePlacement]) -> list[N
     for p in placements:
         kernel = absorbed.get(p.node) or kernels.get(p.node)
         if p.placement == "cpu" and kernel is not None:
-            namespace, op = str(kernel.target).split(".")[:2]
-            own = "" if kernel.name == p.node else f" ({kernel.name})"
-            p.kernel = f"cortex_m::{op}{own}" if namespace == "cortex_m" else f"portable {kernel.name}"
+            target, own = str(kernel.target), "" if kernel.name == p.node else f" ({kernel.name})"
+            p.kernel = f"cortex_m::{target.split('.')[1]}{own}" if target.startswith("cortex_m.") else \
+                f"portable {kernel.name}"
     return placements
 
 
