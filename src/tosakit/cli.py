@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(arm_executor_runner: arenas, load_method, inputs) holds the program")
     r.add_argument("--temp-pool", "--temp_pool", type=_pool_bytes, metavar="SIZE",
                    help="refuse to run unless a temp allocator pool of this size serves every instruction")
+    r.add_argument("--etdump", metavar="PATH",
+                   help="write an ETDump of the run (ExecuTorch's format: an event per kernel and delegate call, host "
+                        "times; ExecuTorch's Inspector and `tosakit inspect` read it)")
+    r.add_argument("--debug-outputs", action="store_true",
+                   help="with --etdump: also log each kernel's output and each delegate call's tensors (their bytes "
+                        "in PATH's .debug.bin, Inspector's debug_buffer_path)")
     r.add_argument("--atol", type=float, default=0.01, help="a .bpte's absolute tolerance (default 0.01)")
     r.add_argument("--rtol", type=float, default=0.01, help="a .bpte's relative tolerance (default 0.01)")
     _add_limits(r)

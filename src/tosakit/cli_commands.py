@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import IndexRangeError, TosakitError
+from .errors import IndexRangeError, TosakitError, check_writable
 
 
 def cmd_compile(args) -> int:
@@ -56,9 +56,12 @@ def cmd_run(args) -> int:
     if args.verify and args.engine == "tosa":
         raise TosakitError("--verify compares the NPU engine's results with the TOSA ones: it runs --engine npu",
                            "drop --engine tosa")
+    tracer = _tracer(args)
     if _is_bundled_file(args.pte):
-        return _run_bundled(args)
+        return _run_bundled(args, tracer)
+    loading = time.perf_counter_ns()
     program = load(args.pte, limits=_limits(args), engine=args.engine)  # validated whole before torch is imported
+    _traced_load(tracer, program, loading)
     if args.method_pool is not None or args.temp_pool is not None:
         from .runtime.pools import check_pools, runner_memory
 
@@ -83,7 +86,7 @@ def cmd_run(args) -> int:
 
                 outputs, comparisons, operations = program.run_and_check(inputs, compare_call)
             else:
-                outputs, comparisons, operations = program.run(inputs), [], []
+                outputs, comparisons, operations = program.run(inputs, tracer=tracer), [], []
             break
         except IndexRangeError as exc:
             culprits = _out_of_range(exc, inputs)
@@ -110,6 +113,7 @@ def cmd_run(args) -> int:
         # numpy has no bfloat16: such outputs are written widened to float32
         write_outputs(args.outputs, [np.asarray(o.float() if o.dtype == torch.bfloat16 else o) for o in outputs])
         print(f"wrote {args.outputs}")
+    _write_trace(tracer, args)
     differ = [c for c in comparisons if not c.bit_exact]
     ops_differ = [r for r in operations if r.differ]
     if differ or ops_differ:
@@ -178,6 +182,13 @@ def cmd_inspect(args) -> int:
     from .runtime import load
     from .runtime.inspect import command_listing, describe
 
+    if _file_kind(args.pte) == b"ED00":
+        from .program.etdump import deserialize_etdump
+        from .runtime.program import read_file
+        from .runtime.trace import event_lines
+
+        print("\n".join(event_lines(deserialize_etdump(read_file(args.pte, _limits(args))))))
+        return 0
     if _is_bundled_file(args.pte):
         from .runtime.bundled import load_bundled, suite_lines
 
@@ -192,26 +203,75 @@ def cmd_inspect(args) -> int:
 
 
 def _is_bundled_file(path: str) -> bool:
-    from .program.bundled import is_bundled
+    from .program.bundled import FILE_IDENTIFIER
 
+    return _file_kind(path) == FILE_IDENTIFIER
+
+
+def _file_kind(path: str) -> bytes:
+    """The file identifier of a flatbuffer file (a .pte's, a .bpte's, or a size-prefixed ETDump's); b"" when
+    unreadable (load() names what is wrong with the path)."""
     try:
         with open(path, "rb") as f:
-            return is_bundled(f.read(8))
+            head = f.read(12)
     except OSError:
-        return False  # load() names what is wrong with the path
+        return b""
+    return head[8:12] if head[8:12] == b"ED00" else head[4:8]
 
 
-def _run_bundled(args) -> int:
+def _run_bundled(args, tracer) -> int:
     """Every test case of a .bpte: the outputs against the expected ones, then Test_result (exit 3 on FAIL)."""
     from .runtime.bundled import FAIL_EXIT, check_bundled, load_bundled
 
     if args.inputs or args.random or args.outputs or args.verify:
         raise TosakitError(f"{args.pte} is a BundledProgram: it runs its own test cases",
                            "drop --inputs/--random/--outputs/--verify, or run the .pte inside it")
+    loading = time.perf_counter_ns()
     program, table = load_bundled(args.pte, _limits(args), args.engine)
-    report = check_bundled(program, table, args.atol, args.rtol)
+    _traced_load(tracer, program, loading)
+    report = check_bundled(program, table, args.atol, args.rtol, tracer)
     print("\n".join(report.lines()))
+    _write_trace(tracer, args)
     return 0 if report.passed else FAIL_EXIT
+
+
+def _tracer(args):
+    """The event tracer --etdump asks for, its files checked writable before any work; else None."""
+    if not args.etdump:
+        if args.debug_outputs:
+            raise TosakitError("--debug-outputs logs the outputs into an ETDump", "add --etdump PATH")
+        return None
+    from .runtime.trace import EventTracer
+
+    for path in _trace_paths(args):
+        check_writable(path, "--etdump", args.pte)
+    return EventTracer(args.debug_outputs, args.max_memory)
+
+
+def _trace_paths(args) -> list[Path]:
+    """The ETDump's path, and its debug buffer's with --debug-outputs (beside it: NAME.debug.bin)."""
+    path = Path(args.etdump)
+    return [path, path.with_suffix(".debug.bin")] if args.debug_outputs else [path]
+
+
+def _traced_load(tracer, program, start: int) -> None:
+    """The load into the tracer's Default block, the first method's memory made inside it (its init)."""
+    if tracer is not None:
+        from .runtime import execute  # noqa: F401  (imported first: torch's import is not the method's init)
+
+        init = time.perf_counter_ns()
+        program.arenas(program.method_names[0])
+        end = time.perf_counter_ns()
+        tracer.loaded(start, (init, end), end)
+
+
+def _write_trace(tracer, args) -> None:
+    if tracer is not None:
+        written = tracer.write(*_trace_paths(args))
+        counts = tracer.counts()
+        print(f"wrote ETDump {written[0]}: {sum(counts.values())} profile events in {len(tracer.runs)} block(s)"
+              + (f"; debug buffer {written[1]} ({len(tracer.debug_buffer)} bytes)" if len(written) > 1 else "")
+              + " (ExecuTorch's Inspector reads them; `tosakit inspect` lists them)")
 
 
 def cmd_accuracy(args) -> int:

@@ -66,6 +66,24 @@ def did_you_mean(name: str, choices) -> str:
     return f"valid choices: {listed}"
 
 
+def check_writable(path: str | os.PathLike, option: str, source: str | os.PathLike | None = None) -> None:
+    """Refuse, before any work, an output ``path`` that is not a regular file, names the input ``source``, or lies
+    in a folder that is missing or read-only."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    fix = f"give {option} a file path in a folder you can write"
+    if path.exists() and not path.is_file():
+        raise TosakitError(f"{option} {path} is not a regular file", fix)
+    if source is not None and path.exists() and path.resolve() == Path(source).resolve():
+        raise TosakitError(f"{option} {path} is the input file itself", fix)
+    if not parent.is_dir():
+        raise TosakitError(f"{option} {path}: folder {parent} does not exist", fix)
+    if not os.access(parent, os.W_OK):
+        raise TosakitError(f"{option} {path}: folder {parent} is not writable", fix)
+    if len(path.name.encode()) > 255 - 16:  # write_atomic's temporary name adds a prefix and a suffix
+        raise TosakitError(f"{option} {path}: the file name is too long", fix)
+
+
 def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to a temporary file beside ``path``, then rename: never a half file."""
     path = Path(path)

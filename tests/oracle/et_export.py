@@ -13,6 +13,9 @@ both compilers lower one quantized graph. Written into the job's folder:
   NAME.pte               the program (delegate payloads inline, as ExecuTorch's tutorial writes it)
   NAME.quantized.pt2     the quantized graph it lowered (convert_pt2e, exported), for tosakit to lower too
   output_<tag>_*.tosa    each delegate's TOSA (the compile spec's dump_intermediate_artifacts_to)
+  NAME.bpte              with "bundleio": the program bundled as aot_arm_compiler --bundleio bundles it: one
+                         test case of the example inputs, its expected outputs the converted (fake-quantized)
+                         model's, or the float model's when the job's model is quantized already
 
 The result: {"name", "pte", "quantized", "delegates": [{"backend", "tosa", "payload_sha256"} in call order],
 "cpu_ops", "vela_flags", "seconds"}. A "vgf" target follows ExecuTorch's VGF tutorial the same way (VgfQuantizer,
@@ -51,6 +54,7 @@ def export_job(job: dict) -> dict:
         spec = EthosUCompileSpec(job["target"], memory_mode=job.get("memory_mode"))
         partitioner, quantizer_class = EthosUPartitioner, EthosUQuantizer
     spec.dump_intermediate_artifacts_to(str(out))
+    reference = module
     if job.get("quantized"):
         quantized = torch.export.export(module, inputs)
     else:
@@ -60,7 +64,9 @@ def export_job(job: dict) -> dict:
         # (a call_module node) stops the quantizer's passes ("call_module is not supported")
         prepared = prepare_pt2e(torch.export.export(module, inputs).module(check_guards=False), quantizer)
         prepared(*inputs)  # calibrate on the example inputs
-        quantized = torch.export.export(convert_pt2e(prepared), inputs)
+        converted = convert_pt2e(prepared)
+        reference = converted
+        quantized = torch.export.export(converted, inputs)
     torch.export.save(quantized, out / f"{job['name']}.quantized.pt2")
     edge = to_edge_transform_and_lower(quantized, partitioner=[partitioner(spec)])
     graph = edge.exported_program().graph_module
@@ -78,7 +84,24 @@ def export_job(job: dict) -> dict:
     program = edge.to_executorch(config=ExecutorchBackendConfig(extract_delegate_segments=False))
     pte = out / f"{job['name']}.pte"
     pte.write_bytes(program.buffer)
+    if job.get("bundleio"):
+        _bundle(program, reference, inputs, out / f"{job['name']}.bpte")
     return {"name": job["name"], "pte": str(pte), "quantized": str(out / f"{job['name']}.quantized.pt2"),
             "delegates": delegates, "cpu_ops": cpu, "vela_flags": list(getattr(spec, "compiler_flags", [])),
             "seconds": time.perf_counter() - start}
 
+
+
+def _bundle(program, reference, inputs: tuple, path: Path) -> None:
+    """``program`` bundled with one test case, as aot_arm_compiler --bundleio writes it."""
+    import torch
+    from executorch.devtools import BundledProgram
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
+
+    with torch.no_grad():
+        expected = reference(*inputs)
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    case = MethodTestCase(inputs=list(inputs), expected_outputs=expected)
+    bundled = BundledProgram(program, [MethodTestSuite(method_name="forward", test_cases=[case])])
+    path.write_bytes(serialize_from_bundled_program_to_flatbuffer(bundled))

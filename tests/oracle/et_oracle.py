@@ -169,6 +169,26 @@ def bundled(args):
     return {"version": version, "suites": suites, "verified": verified}
 
 
+def etdump(args):
+    """ExecuTorch's Inspector on the ETDump ``etdump`` (with ``debug_buffer``, its tensors too): each block's
+    [name, [[event name, instruction id, runs timed, debug values]]]. With ``pte`` and ``inputs`` (NPZ arg0, ...),
+    ExecuTorch's runtime first runs the program with ETDump enabled and writes its ETDump to ``etdump``."""
+    import executorch.kernels.quantized  # noqa: F401  (registers quantized_decomposed kernels)
+    import numpy as np
+    import torch
+    from executorch.devtools import Inspector
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    if getattr(args, "pte", None):
+        arrays = np.load(args.inputs)
+        module = _load_for_executorch(args.pte, enable_etdump=True)
+        module.forward([torch.from_numpy(arrays[f"arg{i}"]) for i in range(len(arrays.files))])
+        module.write_etdump_result_to_file(args.etdump)
+    inspector = Inspector(etdump_path=args.etdump, debug_buffer_path=getattr(args, "debug_buffer", None))
+    return {"blocks": [[b.name, [[e.name, e._instruction_id, len(e.perf_data.raw) if e.perf_data else 0,
+                                  len(e.debug_data or [])] for e in b.events]] for b in inspector.event_blocks]}
+
+
 _NUMPY = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32", 7: "float64",
           11: "bool"}
 
@@ -181,7 +201,8 @@ def serve(_args):
 
     commands = {"load": load, "run": run, "run_calls": run_calls, "export": export, "kernels": kernels, "export_ethosu": export_ethosu,
                 "cortex_m_op": cortex_m_op, "cortex_m_export": cortex_m_export,
-                "cortex_m_schemas": cortex_m_schemas, "bundled": bundled}
+                "cortex_m_schemas": cortex_m_schemas, "bundled": bundled,
+                "etdump": etdump}
     for line in sys.stdin:
         request = json.loads(line)
         log = tempfile.TemporaryFile()

@@ -116,12 +116,14 @@ class EtOracle:
         return out_pte
 
     def export_ethosu(self, module, inputs, folder: str | os.PathLike, name: str = "model",
-                      target: str = "ethos-u55-128", memory_mode: str | None = None, quantized: bool = False) -> dict:
+                      target: str = "ethos-u55-128", memory_mode: str | None = None, quantized: bool = False,
+                      bundleio: bool = False) -> dict:
         """An Ethos-U (or, ``target`` "vgf", VGF) program made by ExecuTorch's own Arm backend (its tutorial flow: EthosUQuantizer, calibrate
         on ``inputs``, EthosUPartitioner, to_executorch; tests/oracle/et_export.py) from ``module`` and each
         delegate's TOSA, written into ``folder``; et_export.py's result: {"pte", "quantized" (the quantized graph
         it lowered, .pt2), "delegates": [{"backend", "tosa", "payload_sha256"}] in call order, "cpu_ops",
-        "vela_flags", "seconds"}. With ``quantized``, ``module`` is a quantized graph ExecuTorch only lowers.
+        "vela_flags", "seconds"}. With ``quantized``, ``module`` is a quantized graph ExecuTorch only lowers; with
+        ``bundleio``, NAME.bpte is written too (aot_arm_compiler --bundleio's).
         Runs in a process of its own, so the runtime oracle never has the Arm backend imported."""
         model, saved_inputs = _saved_job(module, inputs, folder, name)
         converter = ""
@@ -131,7 +133,7 @@ class EtOracle:
             converter = str(model_converter())
         return self._exporting()._call("export_ethosu", name=name, model=model, inputs=saved_inputs, target=target,
                                        memory_mode=memory_mode, out=folder, quantized=quantized,
-                                       model_converter=converter)
+                                       model_converter=converter, bundleio=bundleio)
 
     def cortex_m_op(self, op: str, cases: list[list], folder: str | os.PathLike) -> list:
         """ExecuTorch's reference implementation of ``cortex_m::op`` on each argument list of ``cases``; the
@@ -169,6 +171,16 @@ class EtOracle:
         with np.load(out) as arrays:
             result["values"] = {k: arrays[k] for k in arrays.files}
         return result
+
+    def etdump(self, etdump: str | os.PathLike, debug_buffer: str | os.PathLike | None = None,
+               pte: str | os.PathLike | None = None, inputs=None) -> list:
+        """ExecuTorch's Inspector on an ETDump: [[block name, [[event name, instruction id, runs timed, debug
+        values]]]]; with ``pte`` and ``inputs``, ExecuTorch's runtime runs the program first and writes ``etdump``."""
+        saved = None
+        if pte is not None:
+            saved = Path(etdump).with_suffix(".inputs.npz")
+            np.savez(saved, **{f"arg{i}": np.asarray(x) for i, x in enumerate(inputs)})
+        return self._call("etdump", etdump=etdump, debug_buffer=debug_buffer, pte=pte, inputs=saved)["blocks"]
 
     def cortex_m_schemas(self, ops: list[str]) -> dict[str, str]:
         """Each ``cortex_m::op.out`` schema as ExecuTorch 1.5.1 registers it."""

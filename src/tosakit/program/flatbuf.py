@@ -19,6 +19,7 @@ _FLAGS = {
     "i": N.Int32Flags,
     "I": N.Uint32Flags,
     "q": N.Int64Flags,
+    "f": N.Float32Flags,
     "Q": N.Uint64Flags,
     "d": N.Float64Flags,
 }
@@ -29,10 +30,12 @@ def corrupt(kind: str, message: str) -> TosakitError:
     return TosakitError(f"corrupt {kind}: {message}", "regenerate the file; it was damaged or not written completely")
 
 
-def build(root, identifier: bytes) -> bytes:
-    """The flatbuffer bytes of table ``root`` with a 4-byte file ``identifier``."""
+def build(root, identifier: bytes, size_prefixed: bool = False) -> bytes:
+    """The flatbuffer bytes of table ``root`` with a 4-byte file ``identifier`` (after a u32 size prefix when
+    ``size_prefixed``)."""
     builder = flatbuffers.Builder(1024)
-    builder.Finish(_build_table(builder, root), file_identifier=identifier)
+    finish = builder.FinishSizePrefixed if size_prefixed else builder.Finish
+    finish(_build_table(builder, root), file_identifier=identifier)
     return bytes(builder.Output())
 
 
@@ -50,7 +53,7 @@ def _build_table(b: flatbuffers.Builder, obj) -> int:
         if value is None:
             continue
         if isinstance(kind, Scalar):
-            b.PrependSlot(_FLAGS[kind.fmt], slot, value, 0)
+            b.PrependSlot(_FLAGS[kind.fmt], slot, value, kind.default)
         elif isinstance(kind, Union):
             b.PrependUint8Slot(slot, kind.members.index(type(value)) + 1, 0)
             b.PrependUOffsetTRelativeSlot(slot + 1, children[name], 0)
@@ -185,5 +188,5 @@ class Reader:
 
 
 def _zero(kind: Scalar):
-    """An absent scalar's value: the schema default, always zero here (False, 0, 0.0)."""
-    return struct.unpack("<" + kind.fmt, bytes(struct.calcsize(kind.fmt)))[0]
+    """An absent scalar's value: the schema default (False, 0, 0.0 unless the kind says otherwise)."""
+    return kind.default or struct.unpack("<" + kind.fmt, bytes(struct.calcsize(kind.fmt)))[0]

@@ -67,10 +67,12 @@ class DataLocation(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Scalar:
-    """A number stored in the table itself; ``struct`` format, and an enum to read it as."""
+    """A number stored in the table itself; ``struct`` format, an enum to read it as, and the schema's default
+    (left out when written, read when absent)."""
 
     fmt: str
     as_enum: type | None = None
+    default: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Union:
 
 
 BOOL, U8, I8, I32, U32, I64, U64, F64 = (Scalar(f) for f in "?BbiIqQd")
+I32_UNSET = Scalar("i", default=-1)  # an int field whose schema default is -1 (ETDump's ids)
 STR = "string"
 BYTES = Vector(U8, raw=True)
 

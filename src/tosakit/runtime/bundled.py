@@ -106,15 +106,18 @@ def tensor_of(t: Tensor) -> np.ndarray:
 
 
 def check_bundled(program: LoadedProgram, table: BundledProgramTable, atol: float = ATOL,
-                  rtol: float = RTOL) -> BundledReport:
-    """Run each test case; each expected output against the program's."""
+                  rtol: float = RTOL, tracer=None) -> BundledReport:
+    """Run each test case; each expected output against the program's (the runs recorded by ``tracer``, each
+    with its test case's index)."""
     import torch
 
     checks = []
     for suite in table.method_test_suites:
         for k, case in enumerate(suite.test_cases):
             inputs = [torch.from_numpy(tensor_of(v.val)) for v in case.inputs if isinstance(v.val, Tensor)]
-            outputs = program.run(inputs, suite.method_name)
+            if tracer is not None:
+                tracer.bundled_input_index = k
+            outputs = program.run(inputs, suite.method_name, tracer)
             expected = [v.val for v in case.expected_outputs if isinstance(v.val, Tensor)]
             if len(expected) > len(outputs):
                 raise TosakitError(f"{program.name}: method {suite.method_name!r}, test case {k} expects "

@@ -20,6 +20,7 @@ from .ethosu.simulate import simulate
 from .stored import run_stored
 from .records import EngineComparison, NpuCall, TensorSpec
 from .tosa_sandbox import IsolatedReferenceModel
+from .trace import EventTracer, kernel_event_name, now
 from .validate import MethodLayout, tensor_nbytes
 
 # Kernels torch has no ".out" overload for: the functional op runs and its result is copied to ``out``.
@@ -96,8 +97,9 @@ class Execution:
     handed to it (``NpuCall``), what it finds into ``findings``."""
 
     def __init__(self, loaded, plan: S.ExecutionPlan, layout: MethodLayout, compare: bool = False,
-                 per_operation: Callable[[NpuCall], list] | None = None):
+                 per_operation: Callable[[NpuCall], list] | None = None, tracer: EventTracer | None = None):
         self.loaded, self.plan, self.layout, self.limits = loaded, plan, layout, loaded.limits
+        self.tracer = tracer
         self.compare, self.comparisons = compare, []
         self.per_operation, self.findings = per_operation, []
         self.arenas = loaded.arenas(plan.name)
@@ -107,6 +109,7 @@ class Execution:
         self.values: list = [self._materialize(ev.val) for ev in plan.values]
         schemas = kernel_schemas()
         self.kernels = [Kernel(schemas[kernel_key(op.name, op.overload)]) for op in plan.operators]
+        self.event_names = [kernel_event_name(op.name, op.overload) for op in plan.operators]
         self.engines: dict[int, str] = {}  # delegate index -> the engine that ran it
 
     def _tensor(self, t: S.Tensor) -> torch.Tensor:
@@ -161,7 +164,9 @@ class Execution:
         self._bind_inputs(inputs)
         instructions = self.plan.chains[0].instructions if self.plan.chains else []
         deadline = time.monotonic() + self.limits.timeout
-        pc, steps = 0, 0
+        pc, steps, started = 0, 0, now()
+        if self.tracer is not None:
+            self.tracer.begin_execute()
         # torch's C++ warnings (e.g. an out resized) stay off the terminal unless the run succeeds
         with torch.no_grad(), captured_output((2,)) as printed:
             while pc < len(instructions):
@@ -172,13 +177,19 @@ class Execution:
                                        f"past the run's limit", "raise --timeout if you trust the file")
                 pc = self._step(instructions[pc].instr_args, pc, deadline)
         sys.stderr.write(printed[0])
-        return [self.values[i].clone() for i in self.plan.outputs]
+        outputs = [self.values[i].clone() for i in self.plan.outputs]
+        if self.tracer is not None:
+            self.tracer.end_execute(started, outputs)
+        return outputs
 
     def _step(self, instr, pc: int, deadline: float) -> int:
+        tracer = self.tracer
+        start = now() if tracer is not None else 0
         if isinstance(instr, S.KernelCall):
             kernel = self.kernels[instr.op_index]
             args = [self._arg(i) for i in instr.args]
             try:
+                call = now() if tracer is not None else 0
                 result = kernel(args)
             except TosakitError:
                 raise
@@ -187,10 +198,17 @@ class Execution:
                                    f"({', '.join(_kind(a) for a in args)}): {first_line(exc)}",
                                    "the program does not fit this kernel's schema; re-export it, or report it "
                                    "to tosakit if tosakit wrote it") from None
+            if tracer is not None:
+                call = (call, now())
             if not kernel.schema.outs:
                 self.values[instr.args[-1]] = result.item() if isinstance(result, torch.Tensor) else result
+            if tracer is not None:
+                tracer.kernel(pc, self.event_names[instr.op_index], start, call, self._arg(instr.args[-1]))
         elif isinstance(instr, S.DelegateCall):
             self._delegate(instr, pc, deadline)
+            if tracer is not None:
+                tracer.delegate(pc, self.plan.delegates[instr.delegate_index].id, start, (start, now()),
+                                [self._arg(i) for i in instr.args])
         elif isinstance(instr, S.MoveCall):
             self.values[instr.move_to] = self.values[instr.move_from]
         elif isinstance(instr, S.JumpFalseCall):

@@ -130,11 +130,12 @@ class LoadedProgram:
         child.deadline = deadline
         return child
 
-    def run(self, inputs, method: str = "forward") -> list:
-        """Execute ``method`` on ``inputs`` (torch tensors or numpy arrays); returns new torch tensors."""
+    def run(self, inputs, method: str = "forward", tracer=None) -> list:
+        """Execute ``method`` on ``inputs`` (torch tensors or numpy arrays); returns new torch tensors. A
+        ``trace.EventTracer`` records the run's events."""
         from .execute import Execution
 
-        return Execution(self, self.plan(method), self.layouts[method]).run(list(inputs))
+        return Execution(self, self.plan(method), self.layouts[method], tracer=tracer).run(list(inputs))
 
     def run_and_compare(self, inputs, method: str = "forward") -> tuple[list, list[EngineComparison]]:
         """``run``, with each Ethos-U delegate that runs on the simulator, and each VGF delegate that runs on the VGF
