@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--verify", action="store_true",
                    help="run the program on the host against float PyTorch and the fake-quantized model "
                         "(per layer too, with -i)")
+    c.add_argument("--external-data", action="store_true",
+                   help="write the CPU kernels' constants and each Ethos-U delegate's command stream and weights to "
+                        "NAME.ptd (ExecuTorch's named data), the .pte naming them by key (`tosakit run X.pte --data "
+                        "X.ptd`; ExecuTorch: load_program(pte, data_path=ptd))")
     c.add_argument("--bundleio", action="store_true",
                    help="also write NAME.bpte: the program bundled with a test case (the --inputs, or the example "
                         "input) and the outputs expected (the fake-quantized model's with --quantize, else the float "
@@ -147,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(arm_executor_runner: arenas, load_method, inputs) holds the program")
     r.add_argument("--temp-pool", "--temp_pool", type=_pool_bytes, metavar="SIZE",
                    help="refuse to run unless a temp allocator pool of this size serves every instruction")
+    r.add_argument("--data", metavar="PTD",
+                   help="the program's named-data file (.ptd): its external constants and delegate blocks")
     r.add_argument("--etdump", metavar="PATH",
                    help="write an ETDump of the run (ExecuTorch's format: an event per kernel and delegate call, host "
                         "times; ExecuTorch's Inspector and `tosakit inspect` read it)")
@@ -178,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     i = sub.add_parser("inspect", help="describe a .pte: methods, I/O, kernels, delegates, memory")
     i.add_argument("pte")
+    i.add_argument("--data", metavar="PTD",
+                   help="the program's named-data file (.ptd): its external constants and delegate blocks")
     i.add_argument("--commands", action="store_true",
                    help="also list each Ethos-U delegate's register command stream, one line per command")
     i.add_argument("--cpu", default="cortex-m55", choices=list(CORTEX_M_ISA), metavar="CORE",

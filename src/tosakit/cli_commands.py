@@ -23,7 +23,7 @@ def cmd_compile(args) -> int:
         input_shapes=args.input_shape or [], debug_info=args.debug_info, int8_io=args.int8_io,
         channels_last=args.channels_last, verify=args.verify,
         inputs_file=args.inputs, random_inputs=args.random, calibration=args.calibration, quiet=args.quiet,
-        bundleio=args.bundleio,
+        bundleio=args.bundleio, external_data=args.external_data,
     )
     start = time.perf_counter()
     run = compile_model(opts)
@@ -41,6 +41,8 @@ def cmd_compile(args) -> int:
         if step > 0.01:
             print(f"  its outputs may differ from the fake-quantized model's by one step, {step:.6g}, more than the "
                   f"runners' default tolerance 0.01: check with --atol {step * 1.01:.4g} (ET_ATOL on the device)")
+    for path in run.data_files:
+        print(f"wrote {path} (the program's named data: `tosakit run {run.output} --data {path}`)")
     if opts.intermediates:
         print(f"reports: {Path(opts.intermediates) / 'report.html'}, report.json"
               + (", layers.csv" if run.verification is not None and run.verification.layers else ""))
@@ -60,13 +62,15 @@ def cmd_run(args) -> int:
     if _is_bundled_file(args.pte):
         return _run_bundled(args, tracer)
     loading = time.perf_counter_ns()
-    program = load(args.pte, limits=_limits(args), engine=args.engine)  # validated whole before torch is imported
+    # validated whole before torch is imported
+    program = load(args.pte, limits=_limits(args), engine=args.engine, data=args.data)
     _traced_load(tracer, program, loading)
     if args.method_pool is not None or args.temp_pool is not None:
         from .runtime.pools import check_pools, runner_memory
 
         plan = program.plan()
-        check_pools(plan, runner_memory(program.program, program.segments, plan), args.method_pool, args.temp_pool)
+        check_pools(plan, runner_memory(program.program, program.segments, plan, program.named), args.method_pool,
+                    args.temp_pool)
     import torch
 
     from .runtime.io import random_inputs, read_inputs, write_outputs
@@ -195,7 +199,7 @@ def cmd_inspect(args) -> int:
         program, table = load_bundled(args.pte, _limits(args))
         print("\n".join(suite_lines(table)))
     else:
-        program = load(args.pte, limits=_limits(args))
+        program = load(args.pte, limits=_limits(args), data=args.data)
     print(describe(program, Path(args.pte).stat().st_size, args.cpu))
     if args.commands:
         print(command_listing(program))

@@ -54,6 +54,7 @@ class CompileOptions:
     quiet: bool = False
     cortex_m_fallback: str | None = None  # the core whose cortex_m:: kernels run what the delegate leaves
     bundleio: bool = False  # also write NAME.bpte: the program with a test case
+    external_data: bool = False  # constants and Ethos-U blocks in NAME.ptd
 
 
 @dataclass
@@ -70,6 +71,7 @@ class CompileRun:
     calibrated_on: str | None = None  # what --quantize calibrated on, in words
     verified_on: str | None = None  # what --verify ran on, in words
     core: str = "cortex-m55"  # the Cortex-M core the CPU kernels' cycles are estimated for
+    data_files: list = field(default_factory=list)  # the named-data files written (--external-data)
 
 
 def default_output_name(model: str, target: str, delegate: bool) -> str:
@@ -83,7 +85,8 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     from . import flow
     from .report import write_reports
     from .runtime.cpu_cycles import core_for
-    from .specs import EthosUCompileSpec, compile_spec_for_target
+    from .program.manager import ExecutorchBackendConfig
+    from .specs import EthosUCompileSpec, VelaExternalBlockPlacements, compile_spec_for_target
     from .zoo import load_model
 
     progress = Progress(opts.quiet)
@@ -105,6 +108,11 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     if folder is not None:
         spec.dump_intermediate_artifacts_to(str(folder))
     spec.embed_tosa = opts.debug_info
+    backend_config = None
+    if opts.external_data:  # ExecuTorch's files are <tag>.ptd: the tag is the program's name
+        backend_config = ExecutorchBackendConfig(external_constants=output.stem)
+        if isinstance(spec, EthosUCompileSpec):
+            spec.external_block_placements = VelaExternalBlockPlacements(output.stem, output.stem)
     if opts.int8_io:
         spec.with_int8_io()
     stages = {
@@ -115,7 +123,8 @@ def compile_model(opts: CompileOptions) -> CompileRun:
     }
     compiled = flow.compile(model, inputs, spec, quantize=opts.quantize, delegate=opts.delegate,
                             calibration=calibration, progress=lambda stage: progress.step(stages[stage]),
-                            verify_on=check_inputs if opts.verify else None, verify_layers=folder is not None)
+                            verify_on=check_inputs if opts.verify else None, verify_layers=folder is not None,
+                            backend_config=backend_config)
     quantized = compiled.quantized
     if quantized is not None and not any("quantize_per" in str(n.target) for n in quantized.graph.nodes):
         kinds = ", ".join(sorted({str(t.dtype).replace("torch.", "") for t in inputs}))
@@ -125,6 +134,7 @@ def compile_model(opts: CompileOptions) -> CompileRun:
                      core_for(opts.target, opts.cortex_m_fallback))
     progress.step("writing the program")
     run.program.save(output)
+    run.data_files = run.program.write_tensor_data_to_file(output.parent)
     if opts.bundleio:
         write_bundled(run, output.with_suffix(".bpte"), check_inputs if opts.inputs_file else inputs)
     if folder is not None:
@@ -168,6 +178,9 @@ def _check_options(opts: CompileOptions) -> Path | None:
         raise TosakitError("--int8-io needs --quantize and --delegate", "add both, or drop --int8-io")
     if opts.calibration and not opts.quantize:
         raise TosakitError("--calibration is for --quantize", "add --quantize, or drop --calibration")
+    if opts.bundleio and opts.external_data:
+        raise TosakitError("--bundleio bundles the .pte alone; --external-data puts its data in a .ptd beside it",
+                           "choose one of --bundleio and --external-data")
     if opts.bundleio and opts.int8_io:
         raise TosakitError("--bundleio bundles float inputs and outputs; --int8-io makes the program take integers",
                            "drop one of them")

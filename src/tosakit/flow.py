@@ -15,6 +15,7 @@ from .capture import export, own_state
 from .errors import TosakitError
 from .lower import TOSAPartitioner
 from .program import EdgeProgramManager, ExecutorchProgramManager, to_edge_transform_and_lower
+from .program.manager import ExecutorchBackendConfig
 from .quantize import CortexMQuantizer, EthosUQuantizer, QuantizationConfig, TOSAQuantizer, VgfQuantizer
 from .quantize.config import get_symmetric_quantization_config
 from .targets import CORTEX_M_ISA
@@ -81,12 +82,13 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
             delegate: bool = True, config: QuantizationConfig | None = None,
             calibration: Iterable[tuple] | None = None, additional_checks=None,
             module_configs: dict[str, QuantizationConfig] | None = None, progress: StageCallback | None = None,
-            verify_on: tuple | None = None, verify_layers: bool = False) -> Compiled:
+            verify_on: tuple | None = None, verify_layers: bool = False,
+            backend_config: ExecutorchBackendConfig | None = None) -> Compiled:
     """Export ``model``, optionally quantize it, delegate what ``target`` runs, and emit the program. ``model``
     may be exported already (an ``ExportedProgram``, e.g. of a quantized graph compiled for several targets):
     it is then lowered as it is. ``progress`` is told each stage as it starts; with ``verify_on`` (inputs) the
     program is run on the host against float PyTorch and the fake-quantized model (per layer with
-    ``verify_layers``)."""
+    ``verify_layers``); ``backend_config`` sets the program's options (e.g. constants in a .ptd)."""
     spec = target if isinstance(target, ArmCompileSpec) else compile_spec_for_target(target)
     step = progress or (lambda stage: None)
     direct = isinstance(spec, CortexMCompileSpec)
@@ -114,7 +116,7 @@ def compile(model: torch.nn.Module, example_inputs: tuple, target: str | ArmComp
     edge = to_edge_transform_and_lower(ep, partitioner=partitioners,
                                        cpu_passes=cortex_m_pipeline(fallback or spec.isa) if direct or fallback
                                        else None)
-    compiled = Compiled(spec, quantized, edge, edge.to_executorch())
+    compiled = Compiled(spec, quantized, edge, edge.to_executorch(backend_config))
     if verify_on is not None:
         from .verify.run import verify
 

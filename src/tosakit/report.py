@@ -87,7 +87,8 @@ def runner_memories(program) -> list:
     from .runtime.pools import runner_memory
 
     emitted = program.emitted
-    return [runner_memory(emitted.program, emitted.segments, plan) for plan in emitted.program.execution_plan]
+    return [runner_memory(emitted.program, emitted.segments, plan, program.data_map())
+            for plan in emitted.program.execution_plan]
 
 
 def summary(output: Path, edge, program, seconds: float, core: str = DEFAULT_CORE) -> str:

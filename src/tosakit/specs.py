@@ -7,6 +7,7 @@ ExecuTorch Arm backend (``EthosUCompileSpec``, ``VgfCompileSpec``, ...).
 from __future__ import annotations
 
 import configparser
+import json
 import enum
 import functools
 import importlib.util
@@ -307,6 +308,26 @@ class CortexMCompileSpec(ArmCompileSpec):
         return self.target
 
 
+@dataclass(frozen=True)
+class VelaExternalBlockPlacements:
+    """Which of Vela's blocks leave the payload for a named-data file, by tag (``<tag>.ptd``), as ExecuTorch's
+    Ethos-U backend places them; None keeps a block inline."""
+
+    cmd_data: str | None = None
+    weight_data: str | None = None
+
+    def __post_init__(self):
+        for name, tag in self.blocks().items():
+            if not tag or not tag.isascii() or not tag.isprintable():
+                raise TosakitError(f"external block placement {name}={tag!r}: tags are non-empty printable ASCII",
+                                   "name the .ptd file, e.g. VelaExternalBlockPlacements(weight_data='weights')")
+
+    def blocks(self) -> dict[str, str]:
+        """Block name -> tag, for the blocks placed outside."""
+        return {name: tag for name, tag in (("cmd_data", self.cmd_data), ("weight_data", self.weight_data))
+                if tag is not None}
+
+
 class EthosUCompileSpec(ArmCompileSpec):
     """Compile spec for an Ethos-U NPU, compiled by Vela."""
 
@@ -322,6 +343,7 @@ class EthosUCompileSpec(ArmCompileSpec):
         config_ini: str | None = VELA_INI,
         optimise: str | None = None,
         arena_cache_size: int | None = None,
+        external_block_placements: VelaExternalBlockPlacements | None = None,
     ):
         target = target.strip().lower()
         if target not in ETHOSU_TARGETS:
@@ -359,6 +381,7 @@ class EthosUCompileSpec(ArmCompileSpec):
         self.extra_flags = _as_flag_list(extra_flags)
         self.optimise = flag_choice("--optimise", optimise, VELA_GOALS) if optimise else None
         self.arena_cache_size = None if arena_cache_size is None else read_arena_cache_size(str(arena_cache_size))
+        self.external_block_placements = external_block_placements or VelaExternalBlockPlacements()
         super().__init__(tosa_spec=TosaSpecification.create_from_string(npu.tosa), compiler_flags=self._vela_flags())
 
     def _vela_flags(self) -> list[str]:
@@ -383,7 +406,11 @@ class EthosUCompileSpec(ArmCompileSpec):
         return self.target
 
     def to_list(self) -> list[CompileSpec]:
-        return [*super().to_list(), CompileSpec("target", self.target.encode())]
+        placed = self.external_block_placements.blocks()
+        return [*super().to_list(), CompileSpec("target", self.target.encode()),
+                *([CompileSpec("external_block_placements", json.dumps(placed, sort_keys=True,
+                                                                       separators=(",", ":")).encode())]
+                  if placed else [])]
 
 
 _HOW_TO_MAKE = {

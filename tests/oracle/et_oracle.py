@@ -43,7 +43,8 @@ def run(args):
     inputs = [torch.from_numpy(arrays[f"arg{i}"]) for i in range(len(arrays.files))]
     for i in getattr(args, "channels_last", None) or []:  # the runtime takes the bytes in the program's dim order
         inputs[i] = inputs[i].to(memory_format=torch.channels_last)
-    program = Runtime.get().load_program(args.pte, verification=Verification.InternalConsistency)
+    data = {"data_path": args.data} if getattr(args, "data", None) else {}
+    program = Runtime.get().load_program(args.pte, verification=Verification.InternalConsistency, **data)
     outputs = program.load_method("forward").execute(inputs)
     np.savez(args.outputs, **{f"out{i}": np.asarray(o) for i, o in enumerate(outputs)})
     return {"outputs": len(outputs)}

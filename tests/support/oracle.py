@@ -70,9 +70,9 @@ class EtOracle:
         """load_program with InternalConsistency verification (and load_method); the method names."""
         return self._call("load", pte=pte, method=method or "")["methods"]
 
-    def run(self, pte: str | os.PathLike, inputs) -> list[np.ndarray]:
-        """Execute ``forward`` on ``inputs`` (numpy arrays or torch tensors, channels-last ones passed so);
-        the outputs."""
+    def run(self, pte: str | os.PathLike, inputs, data: str | os.PathLike | None = None) -> list[np.ndarray]:
+        """Execute ``forward`` on ``inputs`` (numpy arrays or torch tensors, channels-last ones passed so), the
+        program's named data from the .ptd ``data`` when given; the outputs."""
         import torch
 
         pte = Path(pte)
@@ -80,7 +80,8 @@ class EtOracle:
         np.savez(ins, **{f"arg{i}": np.asarray(x) for i, x in enumerate(inputs)})
         channels_last = [i for i, x in enumerate(inputs) if getattr(x, "dim", lambda: 0)() == 4
                          and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)]
-        count = self._call("run", pte=pte, inputs=ins, outputs=outs, channels_last=channels_last)["outputs"]
+        count = self._call("run", pte=pte, inputs=ins, outputs=outs, channels_last=channels_last,
+                           data=data)["outputs"]
         with np.load(outs) as saved:
             return [saved[f"out{i}"] for i in range(count)]
 

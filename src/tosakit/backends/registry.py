@@ -20,6 +20,8 @@ class PreprocessResult:
     processed_bytes: bytes
     report: object | None = None
     artifacts: dict[str, bytes] = field(default_factory=dict)
+    external: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # key -> (.ptd tag, bytes) moved out
+    inline_bytes: bytes | None = None  # with external blocks: the payload with them in place
 
 
 @dataclass

@@ -20,7 +20,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..errors import TosakitError, first_line
 from ..native import captured_output
-from .graph import STATE, WRITES, State, addmm_as_linear, drop_identity_restrides
+from .graph import FQN, STATE, WRITES, State, addmm_as_linear, drop_identity_restrides
 
 aten = torch.ops.aten
 
@@ -376,7 +376,7 @@ def inline_constants(ep: ExportedProgram, gm: GraphModule | None = None) -> Capt
         gm.register_buffer(attr, value.clone())
         with graph.inserting_before(node):
             get = graph.get_attr(attr)
-        get.meta = dict(node.meta)
+        get.meta = {**node.meta, FQN: spec.target}
         node.replace_all_uses_with(get)
         graph.erase_node(node)
     _move_get_attrs_after_placeholders(graph)

@@ -21,6 +21,7 @@ class State:
 
 
 STATE = "state"  # placeholder meta: the State a placeholder reads
+FQN = "fqn"  # get_attr meta: the model's name of the parameter or buffer it reads (e.g. "conv.weight")
 WRITES = "state_writes"  # output node meta: the state placeholders (names) the trailing outputs write, in order
 
 

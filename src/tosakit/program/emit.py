@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import operator
 from dataclasses import dataclass, field
 
@@ -10,10 +11,11 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
 from ..backends.cortex_m.scratch import scratch_buffer
-from ..capture import STATE, graph_attr, state_writes
+from ..capture import FQN, STATE, graph_attr, state_writes
 from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import NHWC, identity, storage_order
 from .kernels import runtime_kernels
+from .ptd import NamedBlob, TensorLayout
 from .pte import constant_segment_bytes
 from .schema import (
     AllocationDetails,
@@ -30,6 +32,7 @@ from .schema import (
     DoubleList,
     EValue,
     ExecutionPlan,
+    ExtraTensorInfo,
     Instruction,
     Int,
     IntList,
@@ -42,11 +45,13 @@ from .schema import (
     String,
     SubsegmentOffsets,
     Tensor,
+    TensorDataLocation,
     TensorList,
     scalar_type_of,
 )
 
 ALIGNMENT = 16
+DEFAULT_CONSTANTS_TAG = "_default_external_constant"  # ExecuTorch's tag for constants moved to a .ptd
 
 # The .out kernels ExecuTorch registers for the quantize/dequantize ops (torch has no .out for them).
 QD_OUT_SCHEMAS = {
@@ -150,6 +155,7 @@ class EmittedProgram:
     arena_bytes: int
     constant_bytes: int
     kernel_ops: list[str] = field(default_factory=list)
+    external: dict[str, dict[str, NamedBlob]] = field(default_factory=dict)  # .ptd tag -> key -> blob
 
 
 def encode_treespec(spec) -> str | None:
@@ -169,6 +175,8 @@ class Pools:
     named: dict[str, bytes] = field(default_factory=dict)
     shared_state: dict[str, int] | None = None  # buffer name -> offset in arena 2
     shared_bytes: int = 0
+    constants_tag: str | None = None  # constant tensors go to this .ptd, by name (None: the constant segment)
+    external: dict[str, dict[str, NamedBlob]] = field(default_factory=dict)  # .ptd tag -> key -> blob
 
 
 class Emitter:
@@ -199,10 +207,21 @@ class Emitter:
             self.planned[idx] = PlannedTensor(idx, nbytes, len(self.instructions), len(self.instructions))
         return idx
 
-    def _constant(self, t: torch.Tensor) -> int:
-        self.pools.constants.append(_bytes(t))
-        return self._add(Tensor(scalar_type=scalar_type_of(t.dtype), sizes=list(t.shape),
-                                dim_order=list(range(t.dim())), data_buffer_idx=len(self.pools.constants)))
+    def _constant(self, t: torch.Tensor, name: str | None = None) -> int:
+        """A constant tensor: in the constant segment, or, ``named`` and placed outside (``constants_tag``), in a
+        .ptd under its name (methods sharing a name share the bytes)."""
+        kind, order = scalar_type_of(t.dtype), list(range(t.dim()))
+        tag = self.pools.constants_tag
+        if name is None or tag is None:
+            self.pools.constants.append(_bytes(t))
+            return self._add(Tensor(scalar_type=kind, sizes=list(t.shape), dim_order=order,
+                                    data_buffer_idx=len(self.pools.constants)))
+        entries = self.pools.external.setdefault(tag, {})
+        blob = NamedBlob(_bytes(t), TensorLayout(kind, list(t.shape), order))
+        key = name if entries.setdefault(name, blob) == blob else f"{name}.{hashlib.sha256(blob.data).hexdigest()[:8]}"
+        entries[key] = blob
+        return self._add(Tensor(scalar_type=kind, sizes=list(t.shape), dim_order=order,
+                                extra_tensor_info=ExtraTensorInfo(0, key, TensorDataLocation.EXTERNAL)))
 
     def _use(self, idx: int) -> int:
         if idx in self.planned:
@@ -320,12 +339,14 @@ class Emitter:
         inputs = [self._use(self.node_value[a]) for a in node.args[1:]]
         outs = [self._tensor_value(t, planned=True) for t in node.meta["val"]]
         self.node_value[node] = tuple(outs)
-        self.pools.delegate_data.append(BackendDelegateInlineData(lowered.processed_bytes))
+        self.pools.delegate_data.append(BackendDelegateInlineData(lowered.stored_bytes))
         self.delegates.append(BackendDelegate(lowered.backend_id,
                                               BackendDelegateDataReference(DataLocation.INLINE,
                                                                            len(self.pools.delegate_data) - 1),
                                               list(lowered.compile_specs)))
         self.pools.named.update(lowered.named_data)
+        for tag, entries in lowered.external_data.items():
+            self.pools.external.setdefault(tag, {}).update(entries)
         self.instructions.append(Instruction(DelegateCall(len(self.delegates) - 1, [*inputs, *outs])))
 
     # ------------------------------------------------------------ whole program
@@ -346,7 +367,7 @@ class Emitter:
             elif node.op == "get_attr":
                 value = graph_attr(self.gm, node)
                 if isinstance(value, torch.Tensor):
-                    self.node_value[node] = self._constant(value)
+                    self.node_value[node] = self._constant(value, node.meta.get(FQN, str(node.target)))
             elif node.op == "call_function" and node.target is executorch_call_delegate:
                 self._delegate_call(node)
             elif node.op == "call_function" and node.target is scratch_buffer:  # planned; no instruction writes it
@@ -416,7 +437,7 @@ def build_program(plans: list[ExecutionPlan], pools: Pools) -> EmittedProgram:
     )
     ops = list(dict.fromkeys(f"{o.name}.{o.overload}" for p in plans for o in p.operators))
     arena = max(sum(p.non_const_buffer_sizes) for p in plans)
-    return EmittedProgram(program, segments, arena, sum(len(c) for c in pools.constants), ops)
+    return EmittedProgram(program, segments, arena, sum(len(c) for c in pools.constants), ops, pools.external)
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -443,9 +464,11 @@ def plan_memory(tensors: list[PlannedTensor]) -> int:
     return arena
 
 
-def program_from_graph(gm: GraphModule, in_spec=None, out_spec=None) -> EmittedProgram:
-    """Emit ``gm`` (user inputs as placeholders, delegates as executorch_call_delegate) as method 'forward'."""
-    pools = Pools()
+def program_from_graph(gm: GraphModule, in_spec=None, out_spec=None, constants_tag: str | None = None
+                       ) -> EmittedProgram:
+    """Emit ``gm`` (user inputs as placeholders, delegates as executorch_call_delegate) as method 'forward', its
+    constant tensors in ``<constants_tag>.ptd`` when given."""
+    pools = Pools(constants_tag=constants_tag)
     return build_program([Emitter(gm, pools).emit(in_spec, out_spec)], pools)
 
 

@@ -29,7 +29,8 @@ from ..partition import NodePlacement
 from ..partition.partitioner import TAG_KEY, extract_subgraph, note_cpu_kernels
 from ..specs import CompileSpec
 from .decompose import decompose_for_runtime
-from .emit import EmittedProgram, executorch_call_delegate, program_from_graph
+from .emit import DEFAULT_CONSTANTS_TAG, EmittedProgram, executorch_call_delegate, program_from_graph
+from .ptd import NamedBlob, serialize_ptd
 from .pte import deserialize_pte, serialize_pte, tosa_key
 
 __all__ = [
@@ -56,10 +57,19 @@ class EdgeCompileConfig:
 
 @dataclass
 class ExecutorchBackendConfig:
-    """Program options; Arm delegates are always stored inline, as their runtimes expect."""
+    """Program options; Arm delegates are always stored inline, as their runtimes expect. ``external_constants``
+    moves the CPU kernels' constant tensors to a named-data file (``<tag>.ptd``; True: ExecuTorch's default tag),
+    where the program names them by their graph names."""
 
     extract_delegate_segments: bool = False
     segment_alignment: int = 128
+    external_constants: bool | str = False
+
+    @property
+    def constants_tag(self) -> str | None:
+        if self.external_constants is True:
+            return DEFAULT_CONSTANTS_TAG
+        return self.external_constants or None
 
 
 class LoweredBackendModule(torch.nn.Module):
@@ -78,6 +88,8 @@ class LoweredBackendModule(torch.nn.Module):
         self.report = report
         self.op_count = op_count or {}
         self.named_data: dict[str, bytes] = named_data or {}
+        self.external_data: dict[str, dict[str, NamedBlob]] = {}  # .ptd tag -> key -> blocks placed outside
+        self.stored_bytes = processed_bytes  # as the program stores it: placed blocks replaced by their keys
         self.input_orders: list[tuple[int, ...]] = list(input_orders)  # each TOSA input's dims, as torch dims
         self.output_orders: list[tuple[int, ...]] = list(output_orders)
 
@@ -134,7 +146,8 @@ class EdgeProgramManager:
 
     def to_executorch(self, config: ExecutorchBackendConfig | None = None) -> "ExecutorchProgramManager":
         """Emit the .pte program."""
-        emitted = program_from_graph(self.program.graph_module, self.program.in_spec, self.program.out_spec)
+        tag = (config or ExecutorchBackendConfig()).constants_tag
+        emitted = program_from_graph(self.program.graph_module, self.program.in_spec, self.program.out_spec, tag)
         return ExecutorchProgramManager(self, emitted)
 
 
@@ -166,6 +179,19 @@ class ExecutorchProgramManager:
     def save(self, path: str | Path) -> Path:
         """Write the .pte to ``path`` atomically (temp file, then rename)."""
         return write_atomic(path, self.buffer)
+
+    def data_map(self) -> dict[str, NamedBlob]:
+        """Every entry of the program's named-data files, by key (what ``tosakit run --data`` reads)."""
+        return {key: blob for entries in self.emitted.external.values() for key, blob in entries.items()}
+
+    @property
+    def _tensor_data(self) -> dict[str, bytes]:
+        """Each named-data file's bytes, by tag (``<tag>.ptd``)."""
+        return {tag: serialize_ptd(entries) for tag, entries in self.emitted.external.items()}
+
+    def write_tensor_data_to_file(self, outdir: str | Path) -> list[Path]:
+        """Write each named-data file (``<tag>.ptd``) into ``outdir``; the paths written."""
+        return [write_atomic(Path(outdir) / f"{tag}.ptd", data) for tag, data in self._tensor_data.items()]
 
 
 def save_pte_program(prog: ExecutorchProgramManager, model_name: str, output_dir: str = "") -> str:
@@ -278,10 +304,14 @@ def _fuse(gm: GraphModule, tag: str, spec, index: int, prepared: PreparedDelegat
     prepared = prepared or prepare_delegate(gm, tag, spec)
     original, lowered, result = prepared.original, prepared.lowered, prepared.result
     name = f"lowered_module_{index}"
-    named = {tosa_key(result.processed_bytes): lowered.tosa} if spec.embed_tosa else {}
-    module = LoweredBackendModule(spec.backend_id, result.processed_bytes, spec.to_list(), original, lowered.tosa,
+    payload = result.inline_bytes or result.processed_bytes  # every block in place: what the host checks and runs
+    named = {tosa_key(payload): lowered.tosa} if spec.embed_tosa else {}
+    module = LoweredBackendModule(spec.backend_id, payload, spec.to_list(), original, lowered.tosa,
                                   spec.tosa_spec, result.report, lowered.op_count, named,
                                   [v.order for v in lowered.inputs], [v.order for v in lowered.outputs])
+    module.stored_bytes = result.processed_bytes
+    for key, (data_tag, data) in result.external.items():
+        module.external_data.setdefault(data_tag, {})[key] = NamedBlob(data)
     gm.add_module(name, module)
     members = [n for n in gm.graph.nodes if n.meta.get(TAG_KEY) == tag]
     with gm.graph.inserting_after(members[-1]):

@@ -122,6 +122,9 @@ class Execution:
         dtype, nbytes = S.torch_dtype_of(t.scalar_type), tensor_nbytes(t)
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
+        if t.extra_tensor_info is not None and t.extra_tensor_info.location == S.TensorDataLocation.EXTERNAL:
+            raw = bytearray(self.loaded.named[t.extra_tensor_info.fully_qualified_name].data)  # checked: its layout
+            return torch.frombuffer(raw, dtype=dtype).reshape(shape)
         if t.data_buffer_idx > 0 and t.allocation_info is None:
             start = self.const_offsets[t.data_buffer_idx]
             raw = bytearray(self.const_data[start:start + nbytes])

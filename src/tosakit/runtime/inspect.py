@@ -63,7 +63,7 @@ def describe(loaded: LoadedProgram, size: int | None = None, core: str = DEFAULT
             *_state_line(plan),
         ]
         lines.append("  runner memory (what a device running ExecuTorch 1.5.1 must provide):")
-        lines += [f"    {line}" for line in runner_memory(prog, loaded.segments, plan).lines()]
+        lines += [f"    {line}" for line in runner_memory(prog, loaded.segments, plan, loaded.named).lines()]
         for k, d in enumerate(plan.delegates):
             payload = loaded.delegate_payload(d)
             where = "inline" if d.processed.location == 0 else f"segment {d.processed.index}"

@@ -127,12 +127,13 @@ class RunnerMemory:
 _TOPK = "aten::topk.values"
 
 
-def runner_memory(program: S.Program, segments: list[bytes], plan: S.ExecutionPlan) -> RunnerMemory:
-    """The figures for method ``plan`` of ``program`` (its segments' bytes ``segments``), with a temp pool of
-    ``load_temp`` or more."""
+def runner_memory(program: S.Program, segments: list[bytes], plan: S.ExecutionPlan,
+                  named: dict | None = None) -> RunnerMemory:
+    """The figures for method ``plan`` of ``program`` (its segments' bytes ``segments``, its data map ``named``),
+    with a temp pool of ``load_temp`` or more."""
     load_temp = max((META_BOUND_PER_ARG * len(i.instr_args.args) for i in _instructions(plan)
                      if isinstance(i.instr_args, S.KernelCall)), default=0)
-    delegates = tuple(_delegate(program, segments, k, d) for k, d in enumerate(plan.delegates))
+    delegates = tuple(_delegate(program, segments, k, d, named) for k, d in enumerate(plan.delegates))
     execute_temp, unknown = _execute_temp(plan, delegates)
     return RunnerMemory(plan.name, tuple(plan.non_const_buffer_sizes[1:]), _constant_bytes(program, segments), delegates,
                         load_temp, execute_temp, method_pool_used(plan, load_temp), method_pool_used(plan, 0),
@@ -270,7 +271,8 @@ def _topk_temp(plan: S.ExecutionPlan, call: S.KernelCall) -> int | None:
     return 16 * tensor.sizes[dim.int_val] if -rank <= dim.int_val < rank else None
 
 
-def _delegate(program: S.Program, segments: list[bytes], index: int, d: S.BackendDelegate) -> DelegateMemory:
+def _delegate(program: S.Program, segments: list[bytes], index: int, d: S.BackendDelegate,
+              named: dict | None) -> DelegateMemory:
     if d.id != "EthosUBackend":
         return DelegateMemory(index, d.id, None, "unknown (not an Ethos-U payload)")
     flags = next((s.value.decode(errors="replace") for s in d.compile_specs if s.key == "compile_flags"), "")
@@ -280,7 +282,7 @@ def _delegate(program: S.Program, segments: list[bytes], index: int, d: S.Backen
                 "payload does not state; it is Vela's SRAM figure, which `tosakit compile` prints as the fast scratch")
     else:
         fast = f"none (memory mode {mode or 'unstated'}: no separate fast-scratch region)"
-    return DelegateMemory(index, d.id, parse_payload(delegate_payload(program, segments, d)).scratch_size, fast)
+    return DelegateMemory(index, d.id, parse_payload(delegate_payload(program, segments, d, named)).scratch_size, fast)
 
 
 def _constant_bytes(program: S.Program, segments: list[bytes]) -> int:

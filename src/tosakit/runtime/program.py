@@ -11,8 +11,9 @@ from ..errors import RAISE_MEMORY_HINT, TosakitError
 from ..program import schema as S
 from ..program.bundled import is_bundled
 from ..program.pte import deserialize_pte, tosa_key
+from ..program.ptd import NamedBlob, deserialize_ptd
 from .records import EngineComparison, NpuCall, TensorSpec
-from .validate import Limits, MethodLayout, check_engine, delegate_payload, validate
+from .validate import Limits, MethodLayout, check_engine, data_map, delegate_payload, validate
 
 DEBUG_INFO_FIX = "recompile with `tosakit compile ... --debug-info` (Python: compile_spec.with_debug_info())"
 
@@ -26,7 +27,8 @@ class LoadedProgram:
     child process (for files from anywhere); tosakit's own fresh programs may run it in this process."""
 
     def __init__(self, data: bytes, name: str = "<bytes>", tosa: dict[str, bytes] | None = None,
-                 limits: Limits | None = None, isolate: bool = True, engine: str | None = None):
+                 limits: Limits | None = None, isolate: bool = True, engine: str | None = None,
+                 named_data: dict[str, NamedBlob] | None = None):
         check_engine(engine)
         self.name, self.limits, self.isolate, self.engine = name, limits or Limits(), isolate, engine
         try:
@@ -35,11 +37,12 @@ class LoadedProgram:
             hint = ("it is a BundledProgram (.bpte): `tosakit run` checks its test cases, `runtime.load_bundled` "
                     "reads it") if is_bundled(data) else exc.hint
             raise TosakitError(f"{name}: {exc.message}", hint) from None
+        self.named = data_map(self.program, self.segments, named_data)  # a .ptd's entries, then the program's
         self._tosa = dict(tosa or {})
-        for nd in self.program.named_data or []:
-            self._tosa.setdefault(nd.key, self.segments[nd.segment_index])
+        for key, blob in self.named.items():
+            self._tosa.setdefault(key, blob.data)
         self.layouts: dict[str, MethodLayout] = validate(self.program, self.segments, self._tosa, self.limits, name,
-                                                         engine)
+                                                         engine, self.named)
         self._arenas: dict[str, list] = {}
         self._shared: dict = {}
         self._children: dict = {}  # "vgf", or a sandbox's address-space cap -> the child process kept for it
@@ -69,7 +72,7 @@ class LoadedProgram:
         return TensorSpec(t.scalar_type, tuple(t.sizes))
 
     def delegate_payload(self, delegate: S.BackendDelegate) -> bytes:
-        return delegate_payload(self.program, self.segments, delegate)
+        return delegate_payload(self.program, self.segments, delegate, self.named)
 
     def carries_tosa(self, delegate: S.BackendDelegate) -> bool:
         """Whether the host can run ``delegate``: a TOSA delegate, or one whose TOSA is carried (--debug-info)."""
@@ -184,6 +187,16 @@ def read_file(path: str | Path, limits: Limits | None = None) -> bytes:
 
 
 def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits | None = None,
-         engine: str | None = None) -> LoadedProgram:
-    """Read and validate a .pte for running on the host, Ethos-U delegates on ``engine`` (see LoadedProgram)."""
-    return LoadedProgram(read_file(path, limits), str(path), tosa, limits, engine=engine)
+         engine: str | None = None, data: str | Path | None = None) -> LoadedProgram:
+    """Read and validate a .pte for running on the host, Ethos-U delegates on ``engine`` (see LoadedProgram), its
+    named data from the .ptd file ``data`` too."""
+    return LoadedProgram(read_file(path, limits), str(path), tosa, limits, engine=engine,
+                         named_data=read_data(data, limits) if data is not None else None)
+
+
+def read_data(path: str | Path, limits: Limits | None = None) -> dict[str, NamedBlob]:
+    """A named-data file's entries (.ptd), read and checked whole."""
+    try:
+        return deserialize_ptd(read_file(path, limits))
+    except TosakitError as exc:
+        raise TosakitError(f"{path}: {exc.message}", exc.hint) from None

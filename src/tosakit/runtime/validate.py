@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..backends.ethosu.payload import EthosUPayload, parse_payload
+from ..backends.ethosu.payload import EthosUPayload, inline_external, parse_payload
 from ..errors import RAISE_MEMORY_HINT, TosakitError, did_you_mean
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
 from ..program.pte import tosa_key
+from ..program.ptd import NamedBlob
 from .ethosu.commands import NotSimulatedError, decode
 from .ethosu.simulate import FAST_SCRATCH_BYTES, memory_needed, require_simulated
 from .tosa_validate import TosaSummary, check_tosa
@@ -69,8 +70,9 @@ class _Method:
     """Checks one execution plan; every error names the method and the value or instruction."""
 
     def __init__(self, plan: S.ExecutionPlan, program: S.Program, segments: list[bytes], tosa: dict[str, bytes],
-                 limits: Limits, name: str, engine: str | None):
+                 limits: Limits, name: str, engine: str | None, named: dict[str, NamedBlob]):
         self.plan, self.program, self.segments, self.tosa, self.limits = plan, program, segments, tosa, limits
+        self.named = named
         self.engine = engine
         self.where = f"{name}: method {plan.name!r}"
         self.values = plan.values
@@ -139,9 +141,9 @@ class _Method:
             raise self.fail(f"{what} has sizes {list(t.sizes)[:MAX_RANK + 1]}")
         if t.dim_order and sorted(t.dim_order) != list(range(len(t.sizes))):
             raise self.fail(f"{what} has dim order {list(t.dim_order)}, not a permutation of its {len(t.sizes)} dims")
-        if t.extra_tensor_info is not None and t.extra_tensor_info.location != S.TensorDataLocation.SEGMENT:
-            raise self.fail(f"{what} keeps its data in an external file (.ptd)", "run it where the data file is")
         nbytes = tensor_nbytes(t)
+        if t.extra_tensor_info is not None and t.extra_tensor_info.location != S.TensorDataLocation.SEGMENT:
+            return self.external(i, t)
         if nbytes > self.limits.max_memory:
             raise self.fail(f"{what} claims {list(t.sizes)} {t.scalar_type.name}, {nbytes} bytes, more than the "
                             f"{self.limits.max_memory}-byte memory limit",
@@ -164,6 +166,24 @@ class _Method:
         layout.arena_bytes[a.memory_id] = max(layout.arena_bytes[a.memory_id], offset + nbytes)
         if t.data_buffer_idx > 0:
             layout.initial.append((a.memory_id, offset, *self.initial_data(i, t, nbytes)))
+        return 0
+
+    def external(self, i: int, t: S.Tensor) -> int:
+        """A constant kept in a data file (.ptd) by name: there, with the tensor's type, sizes and dim order."""
+        what, key = f"value {i}", t.extra_tensor_info.fully_qualified_name
+        if t.extra_tensor_info.location != S.TensorDataLocation.EXTERNAL or t.allocation_info is not None:
+            raise self.fail(f"{what} is planned memory filled from a data file, which the host runtime does not load")
+        blob = self.named.get(key) if key else None
+        if blob is None or blob.layout is None:
+            raise self.fail(f"{what} reads constant {key!r} from a data file, and no data file given holds it"
+                            + (" as a tensor" if blob is not None else ""),
+                            "pass the program's named-data file: tosakit run X.pte --data X.ptd")
+        layout, order = blob.layout, list(t.dim_order) or list(range(len(t.sizes)))
+        if (layout.scalar_type, list(layout.sizes), list(layout.dim_order)) != (t.scalar_type, list(t.sizes), order):
+            raise self.fail(f"{what} is {t.scalar_type.name}{list(t.sizes)} in dim order {order}; the data file's "
+                            f"{key!r} is {layout.scalar_type.name}{list(layout.sizes)} in dim order "
+                            f"{list(layout.dim_order)}", "pass the data file written with this program")
+        self.constants.add(i)
         return 0
 
     def initial_data(self, i: int, t: S.Tensor, nbytes: int) -> tuple[int, int, int]:
@@ -284,7 +304,7 @@ class _Method:
                             "run this program on the device it was built for")
         for k, i in enumerate(call.args):
             self.expect(i, ("Tensor",), f"{what} argument {k}")
-        payload = delegate_payload(self.program, self.segments, delegate)
+        payload = delegate_payload(self.program, self.segments, delegate, self.named)
         if delegate.id == "EthosUBackend":
             self.ethosu(what, payload, call.args, call.delegate_index, layout)
         if delegate.id == "VgfBackend":
@@ -302,7 +322,7 @@ class _Method:
         try:
             p = parse_payload(payload)
         except TosakitError as exc:
-            raise self.fail(f"{what}: {exc.message}") from None
+            raise self.fail(f"{what}: {exc.message}", exc.hint) from None
         if len(p.inputs) + len(p.outputs) != len(args):
             raise self.fail(f"{what}: the payload has {len(p.inputs)} inputs and {len(p.outputs)} outputs, the call "
                             f"passes {len(args)} tensors")
@@ -353,12 +373,23 @@ class _Method:
                                 f"{t.scalar_type.name}{list(stored)}")
 
 
-def delegate_payload(program: S.Program, segments: list[bytes], delegate: S.BackendDelegate) -> bytes:
-    """A delegate's processed bytes (indices already checked by the reader)."""
+def delegate_payload(program: S.Program, segments: list[bytes], delegate: S.BackendDelegate,
+                     named: dict[str, NamedBlob] | None = None) -> bytes:
+    """A delegate's processed bytes (indices already checked by the reader), an Ethos-U payload's external blocks
+    fetched from ``named`` (the data map: a .ptd's entries, then the program's named data)."""
     ref = delegate.processed
-    if ref.location == S.DataLocation.INLINE:
-        return program.backend_delegate_data[ref.index].data
-    return segments[ref.index]
+    blob = program.backend_delegate_data[ref.index].data if ref.location == S.DataLocation.INLINE else \
+        segments[ref.index]
+    if delegate.id == "EthosUBackend" and named:
+        blob = inline_external(blob, lambda key: named[key].data if key in named else None)
+    return blob
+
+
+def data_map(program: S.Program, segments: list[bytes], data: dict[str, NamedBlob] | None) -> dict[str, NamedBlob]:
+    """What a program's delegates and external constants may read by key: ``data`` (a .ptd's entries) first, then
+    the program's own named data, as ExecuTorch merges them."""
+    named = {nd.key: NamedBlob(segments[nd.segment_index]) for nd in program.named_data or []}
+    return {**named, **(data or {})}
 
 
 def check_engine(engine: str | None) -> None:
@@ -368,8 +399,10 @@ def check_engine(engine: str | None) -> None:
 
 
 def validate(program: S.Program, segments: list[bytes], tosa: dict[str, bytes], limits: Limits,
-             name: str, engine: str | None = None) -> dict[str, MethodLayout]:
-    """Check every method of a read program; what each needs to run (with Ethos-U delegates on ``engine``, see
-    ENGINES), or a TosakitError naming the fault."""
-    return {plan.name: _Method(plan, program, segments, tosa, limits, name, engine).check()
+             name: str, engine: str | None = None, named: dict[str, NamedBlob] | None = None
+             ) -> dict[str, MethodLayout]:
+    """Check every method of a read program, with its data map ``named`` (``data_map``); what each needs to run
+    (with Ethos-U delegates on ``engine``, see ENGINES), or a TosakitError naming the fault."""
+    named = named if named is not None else data_map(program, segments, None)
+    return {plan.name: _Method(plan, program, segments, tosa, limits, name, engine, named).check()
             for plan in program.execution_plan}

@@ -23,7 +23,7 @@ def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: 
     evaluated exactly: see ``ExactInterpreter``)."""
     tosa = {tosa_key(m.processed_bytes): m.tosa for m in edge.program.graph_module.children()
             if isinstance(m, LoweredBackendModule)}
-    loaded = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False)
+    loaded = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False, named_data=program.data_map())
     engines, npu_error = [], None
     layout = loaded.layouts["forward"]
     if layout.delegate_npu or layout.delegate_vgf:  # each one carries its TOSA here
@@ -31,8 +31,8 @@ def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: 
             got, engines = loaded.run_and_compare(list(inputs))
         except TosakitError as exc:  # a finding to show, not a reason to refuse the program: verify its TOSA
             npu_error = exc.message
-            got = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False, engine="tosa").run(
-                list(inputs))
+            got = LoadedProgram(program.buffer, "the lowered program", tosa, isolate=False, engine="tosa",
+                                named_data=program.data_map()).run(list(inputs))
     else:
         got = loaded.run(list(inputs))
     with torch.no_grad():

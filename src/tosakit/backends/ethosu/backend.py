@@ -18,7 +18,7 @@ from ...partition.partitioner import extract_subgraph
 from ...quantize.qdq import is_dequantize, is_quantize
 from ...specs import ArmCompileSpec, EthosUCompileSpec, require_spec
 from ..registry import PreprocessResult, backend, compile_lowered, form_choice, lower_for
-from .payload import EthosUPayload, pack_payload, parse_payload
+from .payload import EthosUPayload, pack_payload, parse_payload, place_external
 from .support import limits_for
 from .vela import VelaRefusal, VelaReport, VelaResult, compile_tosa
 
@@ -59,9 +59,11 @@ def preprocess(lowered: LoweredGraph, spec: ArmCompileSpec) -> PreprocessResult:
         raise TosakitError(
             f"Vela changed the delegate's I/O: {len(result.inputs)}/{len(result.outputs)} tensors for a graph with "
             f"{len(lowered.inputs)}/{len(lowered.outputs)}", REPORT_HINT)
-    return PreprocessResult(pack_payload(result), result.report,
+    payload = pack_payload(result)
+    processed, moved = place_external(payload, spec.external_block_placements.blocks())
+    return PreprocessResult(processed, result.report,
                             {"tosa": lowered.tosa, "vela.npz": raw_npz(result),
-                             "vela_summary.txt": result.report.summary().encode()})
+                             "vela_summary.txt": result.report.summary().encode()}, moved, payload)
 
 
 _FASTEST: dict[tuple, str] = {}

@@ -7,6 +7,7 @@ then the data padded with zeros to a multiple of 16. Little-endian.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ _COUNT = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 _ALIGN = 16
 _ELEM_SIZES = (1, 2, 4)
+EXTERNAL_KEY_BYTES = 64  # an external block holds its key: sha256 in lowercase hex
 
 
 @dataclass
@@ -105,6 +107,48 @@ def _read_name(raw: bytes, offset: int) -> str:
         raise _bad(f"block name at byte {offset} is not ASCII: {raw!r}") from None
 
 
+def external_key(tag: str, data: bytes) -> str:
+    """The named-data key ExecuTorch gives a block placed outside the payload under ``tag``."""
+    return hashlib.sha256(tag.encode("ascii") + b"\0" + data).hexdigest()
+
+
+def place_external(blob: bytes, placements: dict[str, str]) -> tuple[bytes, dict[str, tuple[str, bytes]]]:
+    """``blob`` with each block ``placements`` names (block -> tag) replaced by its key, as ExecuTorch's Ethos-U
+    backend writes it: the new payload, and key -> (tag, data) of what moved."""
+    out, moved, offset = bytearray(), {}, 0
+    while offset < len(blob):
+        raw_name, size, _, _ = _HEADER.unpack_from(blob, offset)
+        name = raw_name.rstrip(b"\0").decode("ascii")
+        data = blob[offset + _HEADER.size: offset + _HEADER.size + size]
+        if name in placements:
+            key = external_key(placements[name], data)
+            moved[key] = (placements[name], bytes(data))
+            out += _HEADER.pack(raw_name, len(key), 1, b"") + key.encode("ascii")
+        else:
+            out += blob[offset: offset + _HEADER.size + _padded(size)]
+        offset += _HEADER.size + _padded(size)
+    return bytes(out), moved
+
+
+def inline_external(blob: bytes, lookup) -> bytes:
+    """``blob`` with each external block's data fetched by its key from ``lookup`` (key -> bytes or None), as
+    ExecuTorch's runtime resolves them; unchanged when no block is external; a block whose key nothing holds
+    stays external (``parse_payload`` names it)."""
+    out, offset, changed = bytearray(), 0, False
+    while offset + _HEADER.size <= len(blob):
+        raw_name, size, external, reserved = _HEADER.unpack_from(blob, offset)
+        end = offset + _HEADER.size + _padded(size)
+        data = blob[offset + _HEADER.size: offset + _HEADER.size + size]
+        found = lookup(bytes(data).decode("ascii", "replace")) if external == 1 and size == EXTERNAL_KEY_BYTES else None
+        if found is None:
+            out += blob[offset:end]
+        else:
+            out += _HEADER.pack(raw_name, len(found), 0, reserved) + found + bytes(_padded(len(found)) - len(found))
+            changed = True
+        offset = end
+    return bytes(out + blob[offset:]) if changed else blob
+
+
 def _split_blocks(blob: bytes) -> list[tuple[str, bytes]]:
     """Cut the blob into (name, data) pairs, checking headers, order, sizes and padding."""
     blocks, offset = [], 0
@@ -119,7 +163,9 @@ def _split_blocks(blob: bytes) -> list[tuple[str, bytes]]:
             raise _bad(f"block {len(blocks)} is {name!r}, expected {BLOCK_ORDER[len(blocks)]!r} "
                        f"(order: {', '.join(BLOCK_ORDER)})")
         if external:
-            raise _bad(f"block {name!r} is marked external (flag {external}); only inline data is supported")
+            raise TosakitError(f"Ethos-U delegate payload: block {name!r} keeps its data outside the payload "
+                               f"(external flag {external}), and no data file given holds it",
+                               "pass the program's named-data file: tosakit run X.pte --data X.ptd")
         if any(reserved):
             raise _bad(f"block {name!r} has non-zero reserved header bytes")
         start = offset + _HEADER.size
