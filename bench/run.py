@@ -285,6 +285,7 @@ def llm(args) -> None:
               f"{sum(d.scratch or 0 for d in pools.delegates) / 2**20:.2f} MiB; KV cache (state) "
               f"{_state_bytes(loaded.plan(programs.methods[which])) / 1024:.0f} KiB; runner method pool "
               f"{pools.runner_method_pool / 1024:.0f} KiB, temp pool {pools.temp_pool / 2**20:.2f} MiB")
+    print("  " + _stored_once(programs))
     start = time.perf_counter()
     want, want_logits = generate(programs.fake_quant_step(), model, prompt, steps)
     reference_s = time.perf_counter() - start
@@ -298,6 +299,22 @@ def llm(args) -> None:
           f"fake-quantized models ({reference_s:.0f} s): tokens {'equal' if got == want else 'DIFFER'} {got}; "
           f"logits equal in {sum(d == 0 for d in diffs)} of {len(diffs)} calls, at most {max(diffs):.0f} step(s) "
           "apart")
+
+
+def _stored_once(programs) -> str:
+    """decoder.pte's bytes (and its .ptd's) against one copy of the encoded weights plus every command stream."""
+    from tosakit.backends.ethosu.payload import parse_payload
+    from tosakit.runtime import load
+
+    loaded = load(programs.paths["decode"], data=programs.data)
+    payloads = {m: [parse_payload(loaded.delegate_payload(d)) for d in loaded.plan(m).delegates]
+                for m in loaded.method_names}
+    once = max(sum(len(p.weight_data) for p in ps) for ps in payloads.values())
+    streams = sum(len(p.cmd_data) for ps in payloads.values() for p in ps)
+    total = programs.paths["decode"].stat().st_size + (programs.data.stat().st_size if programs.data else 0)
+    return (f"decoder.pte {total / 2**20:.1f} MiB = {total / (once + streams):.3f}x one copy of the encoded weights "
+            f"({once / 2**20:.1f} MiB) plus the command streams ({streams / 2**20:.2f} MiB): the methods share "
+            "the weights as named data")
 
 
 WEIGHT_SCHEMES = ("int8", "a8w4", "a8w4@pointwise", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")

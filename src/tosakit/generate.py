@@ -10,6 +10,7 @@ host runtime) with the fake-quantized models (evaluated exactly) and the float m
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,10 +21,11 @@ from .capture import export, graph_attr, own_state, set_graph_attr, written_attr
 from .errors import TosakitError, write_atomic
 from .flow import Compiled, compile, quantizer_for
 from .program.emit import program_from_methods
+from .program.ptd import serialize_ptd
 from .program.pte import serialize_pte
 from .quantize import QuantizationConfig
 from .quantize.config import get_symmetric_quantization_config
-from .specs import ArmCompileSpec, compile_spec_for_target
+from .specs import ArmCompileSpec, EthosUCompileSpec, VelaExternalBlockPlacements, compile_spec_for_target
 from .zoo.decoder import Decoder, decode_inputs, prefill_inputs
 
 Step = Callable[[str, tuple], tuple]  # ("prefill" | "decode", inputs) -> (logits, *caches)
@@ -64,6 +66,7 @@ class DecoderPrograms:
     decode: Compiled
     paths: dict[str, Path]
     methods: dict[str, str]
+    data: Path | None = None  # the .ptd holding the weights (external_data)
 
     def fake_quant_step(self) -> Step:
         """The fake-quantized models, evaluated exactly (what the programs must equal), sharing their state."""
@@ -79,7 +82,7 @@ class DecoderPrograms:
         program's state starts anew with each step function."""
         from .runtime import load
 
-        loaded = {path: load(path, engine=engine, limits=limits) for path in set(self.paths.values())}
+        loaded = {path: load(path, engine=engine, limits=limits, data=self.data) for path in set(self.paths.values())}
         return lambda which, inputs: tuple(loaded[self.paths[which]].run(inputs, self.methods[which]))
 
     def logits_step(self, which: str) -> float:
@@ -138,23 +141,46 @@ def _quantize_sharing_state(model: Decoder, calls: list[tuple[str, tuple]], spec
         for which, inputs in calls:
             prepared[which](*inputs)
         for name, value in initial.items():
-            observers = [o for g in graphs for o in _state_observers(g, name)]
-            if observers and all(hasattr(o, "min_val") for o in observers):
-                low = torch.stack([o.min_val for o in observers]).min()
-                high = torch.stack([o.max_val for o in observers]).max()
-                for o in observers:
-                    o.min_val.copy_(low)
-                    o.max_val.copy_(high)
+            _join([o for g in graphs for o in _state_observers(g, name)])
             graph_attr(graphs[0], name).copy_(value)  # calibration ran; the cache starts over
+        for observers in _alike_observers(graphs):
+            _join(observers)
         return {which: convert_pt2e(p) for which, p in prepared.items()}
 
 
+def _join(observers: list) -> None:
+    """Observers made to give one range, the union of theirs."""
+    if observers and all(hasattr(o, "min_val") for o in observers):
+        low = torch.stack([o.min_val for o in observers]).min(0).values
+        high = torch.stack([o.max_val for o in observers]).max(0).values
+        for o in observers:
+            o.min_val.copy_(low)
+            o.max_val.copy_(high)
+
+
+def _alike_observers(graphs: list) -> list[list]:
+    """The observers that watch the same tensor of the model in every graph (same observer, same watched node
+    names, same range shape): joined, every method quantizes that tensor alike, so their Vela compilations
+    encode the same weights and scales, which the program then stores once."""
+    def watched(gm) -> dict[str, tuple]:
+        return {n.target: (tuple(a.name for a in n.args if hasattr(a, "name")),
+                           tuple(getattr(gm.get_submodule(n.target), "min_val", torch.empty(0)).shape))
+                for n in gm.graph.nodes if n.op == "call_module"}
+
+    views = [watched(g) for g in graphs]
+    return [[g.get_submodule(name) for g in graphs] for name, key in views[0].items()
+            if all(v.get(name) == key for v in views[1:])]
+
+
 def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec | str, folder: str | Path,
-                    steps: int = 8, config: QuantizationConfig | None = None) -> DecoderPrograms:
+                    steps: int = 8, config: QuantizationConfig | None = None,
+                    external_data: bool = False) -> DecoderPrograms:
     """Quantize and compile ``model`` for a ``prompt``-long prefill and a one-token decode, calibrated on the float
     model's greedy run (the prompt; the ``steps`` decode calls), and write them into ``folder``: ``decoder.pte``
-    (methods prefill and decode) when the cache is the model's state, else ``prefill.pte`` and ``decode.pte``."""
-    spec = spec if isinstance(spec, ArmCompileSpec) else compile_spec_for_target(spec)
+    (methods prefill and decode) when the cache is the model's state, else ``prefill.pte`` and ``decode.pte``.
+    In ``decoder.pte`` the methods quantize alike, so Vela encodes their weights alike: each Ethos-U delegate's
+    weights are named data the methods share, in the program, or with ``external_data`` in ``decoder.ptd``."""
+    spec = copy.copy(spec) if isinstance(spec, ArmCompileSpec) else compile_spec_for_target(spec)
     calls: list[tuple[str, tuple]] = []
     run = float_step(model)
     state = {name: b.clone() for name, b in model.named_buffers()}
@@ -169,13 +195,19 @@ def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec |
         paths = {which: write_atomic(folder / f"{which}.pte", c.program.buffer) for which, c in compiled.items()}
         return DecoderPrograms(compiled["prefill"], compiled["decode"], paths, {w: "forward" for w in paths})
     quantized = _quantize_sharing_state(model, calls, spec, config)
+    if isinstance(spec, EthosUCompileSpec) and not spec.external_block_placements.blocks():
+        spec.external_block_placements = VelaExternalBlockPlacements(weight_data="decoder")
     first = _first_inputs(calls)
     compiled = {}
     for which, gm in quantized.items():
         c = compile(export(gm, first[which]), first[which], spec)
         compiled[which] = Compiled(spec, gm, c.edge, c.program)
     emitted = program_from_methods({which: (c.edge.program.graph_module, c.edge.program.in_spec,
-                                            c.edge.program.out_spec) for which, c in compiled.items()})
+                                            c.edge.program.out_spec) for which, c in compiled.items()},
+                                   blocks_in_program=not external_data)
+    data = None
+    for tag, entries in emitted.external.items():  # the tags the spec placed blocks under: decoder.ptd
+        data = write_atomic(folder / f"{tag}.ptd", serialize_ptd(entries))
     path = write_atomic(folder / "decoder.pte", serialize_pte(emitted.program, emitted.segments))
     return DecoderPrograms(compiled["prefill"], compiled["decode"], {w: path for w in compiled},
-                           {w: w for w in compiled})
+                           {w: w for w in compiled}, data)

@@ -170,6 +170,26 @@ def bundled(args):
     return {"version": version, "suites": suites, "verified": verified}
 
 
+def bundle(args):
+    """A .bpte written by ExecuTorch's own serializer: the program ``pte`` with one test case of ``forward``,
+    inputs arg0, ... of the NPZ ``inputs`` and expected outputs out0, ... of ``expected``."""
+    import numpy as np
+    import torch
+    from executorch.devtools import BundledProgram
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
+
+    def tensors(path, prefix):
+        arrays = np.load(path)
+        return [torch.from_numpy(arrays[f"{prefix}{i}"]) for i in range(len(arrays.files))]
+
+    case = MethodTestCase(inputs=tensors(args.inputs, "arg"), expected_outputs=tensors(args.expected, "out"))
+    bundled = BundledProgram(None, [MethodTestSuite("forward", [case])], pte_file_path=args.pte)
+    with open(args.out, "wb") as f:
+        f.write(serialize_from_bundled_program_to_flatbuffer(bundled))
+    return {"written": args.out}
+
+
 def etdump(args):
     """ExecuTorch's Inspector on the ETDump ``etdump`` (with ``debug_buffer``, its tensors too): each block's
     [name, [[event name, instruction id, runs timed, debug values]]]. With ``pte`` and ``inputs`` (NPZ arg0, ...),
@@ -203,7 +223,7 @@ def serve(_args):
     commands = {"load": load, "run": run, "run_calls": run_calls, "export": export, "kernels": kernels, "export_ethosu": export_ethosu,
                 "cortex_m_op": cortex_m_op, "cortex_m_export": cortex_m_export,
                 "cortex_m_schemas": cortex_m_schemas, "bundled": bundled,
-                "etdump": etdump}
+                "etdump": etdump, "bundle": bundle}
     for line in sys.stdin:
         request = json.loads(line)
         log = tempfile.TemporaryFile()

@@ -72,7 +72,8 @@ def test_run_checks_the_bundle_and_fails_an_altered_one(tmp_path, capsys):
     (tmp_path / "bad.bpte").write_bytes(serialize_bundled(table))
     assert main(["run", str(tmp_path / "bad.bpte")]) == 3
     out = capsys.readouterr().out
-    assert "method forward, test case 0, output 0 [1, 10]: max |error| 0.5 at [0, 3]: FAIL" in out
+    line = next(ln for ln in out.splitlines() if "method forward, test case 0, output 0 [1, 10]" in ln)
+    assert "max |error| 0.5 (" in line and "output steps of" in line and line.endswith("at [0, 3]: FAIL")
     assert out.rstrip().endswith("Test_result: FAIL")
     assert main(["inspect", str(tmp_path / "d.bpte")]) == 0
     assert "case 0: inputs float32[1, 1, 8, 8]; expected outputs float32[1, 10]" in capsys.readouterr().out
@@ -87,3 +88,24 @@ def test_a_bundle_is_not_a_program_and_says_so(tmp_path):
     with pytest.raises(TosakitError, match="not a .pte") as caught:
         load(tmp_path / "x.bpte")
     assert "BundledProgram" in caught.value.hint
+
+
+@pytest.mark.oracle
+def test_a_bundle_executorch_wrote_passes_under_tosakit_run_fp(et_oracle, tmp_path, capsys):
+    """ExecuTorch's own serializer bundles ExecuTorch's CPU program of a small net with its float outputs;
+    `tosakit run` reads the file, runs the test case and passes it at the runners' default tolerance."""
+    from tosakit.cli import main
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 5))
+    inputs = (torch.randn(1, 3, 6, 6, generator=torch.Generator().manual_seed(1)),)
+    source = ("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), "
+              "torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 5)).eval()\n"
+              "example_inputs = (torch.randn(1, 3, 6, 6),)\n")
+    pte = et_oracle.export(source, tmp_path / "net.pte")
+    with torch.no_grad():
+        expected = (net.eval()(*inputs),)
+    bpte = et_oracle.bundle(pte, inputs, expected, tmp_path / "net.bpte")
+    assert main(["run", str(bpte)]) == 0
+    out = capsys.readouterr().out
+    assert "method forward, test case 0, output 0 [1, 5]" in out and out.rstrip().endswith("Test_result: PASS")

@@ -40,7 +40,8 @@ def exported_vgf(et_oracle, tmp_path_factory):
     """name -> (example inputs, et_export.py's result for target vgf), exported once per test run."""
     def export_into(name: str, folder: Path) -> None:
         module, inputs = FACTORIES[name]()
-        result = et_oracle.export_ethosu(module.eval(), inputs, folder, name=name, target="vgf")
+        result = et_oracle.export_ethosu(module.eval(), inputs, folder, name=name, target="vgf",
+                                         bundleio=name == "mv2")
         (folder / "result.json").write_text(json.dumps(result))
 
     def get(name: str):
@@ -77,3 +78,12 @@ def test_executorch_vgf_program_runs_on_the_vgf_engine(name, exported_vgf, vgf_s
     assert len(mine) == len(outputs)
     for k, (m, e) in enumerate(zip(mine, outputs)):
         assert m.dtype == e.dtype and torch.equal(m, e), (k, float((m.double() - e.double()).abs().max()))
+
+
+def test_executorch_bundled_mv2_checks_under_tosakit_run_vgf(exported_vgf, vgf_stack, capsys):
+    """aot_arm_compiler --bundleio's mv2 for VGF, its delegate on the VGF engine, checked as the Arm runner checks
+    it (see check_executorch_bundle; the VGF payload dequantizes inside, so the step is the Ethos-U program's)."""
+    from support.bundles import check_executorch_bundle
+
+    _, result = exported_vgf("mv2")
+    check_executorch_bundle(Path(result["pte"]).with_suffix(".bpte"), capsys, 0.0)

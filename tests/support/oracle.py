@@ -173,6 +173,15 @@ class EtOracle:
             result["values"] = {k: arrays[k] for k in arrays.files}
         return result
 
+    def bundle(self, pte: str | os.PathLike, inputs, expected, out: str | os.PathLike) -> Path:
+        """A .bpte made by ExecuTorch's serializer: ``pte`` with one test case of ``forward``."""
+        saved = Path(out).with_suffix(".case.npz")
+        np.savez(saved.with_suffix(".in.npz"), **{f"arg{i}": np.asarray(x) for i, x in enumerate(inputs)})
+        np.savez(saved.with_suffix(".out.npz"), **{f"out{i}": np.asarray(x) for i, x in enumerate(expected)})
+        self._call("bundle", pte=pte, inputs=saved.with_suffix(".in.npz"), expected=saved.with_suffix(".out.npz"),
+                   out=out)
+        return Path(out)
+
     def etdump(self, etdump: str | os.PathLike, debug_buffer: str | os.PathLike | None = None,
                pte: str | os.PathLike | None = None, inputs=None) -> list:
         """ExecuTorch's Inspector on an ETDump: [[block name, [[event name, instruction id, runs timed, debug

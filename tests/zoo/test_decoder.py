@@ -214,6 +214,31 @@ def test_in_place_generation_equals_the_fake_quantized_models(in_place):
 
 
 @pytest.mark.slow
+def test_the_methods_store_their_weights_once_u85(in_place, tmp_path):
+    """The methods quantize alike, so Vela encodes their weights alike: both Ethos-U delegates name one weight
+    block (named data, ExecuTorch's external-block layout), stored once in decoder.pte; decoder.pte is at most
+    1.1x one copy of the weights plus both command streams (1.05x for SmolLM2's shape: `make bench -- llm`).
+    With external_data the block lives in decoder.ptd, and the two files give the same tokens."""
+    from tosakit.backends.ethosu.payload import parse_payload
+    from tosakit.program.pte import deserialize_pte
+
+    path = in_place.paths["decode"]
+    program, segments = deserialize_pte(path.read_bytes())
+    [named] = program.named_data
+    loaded = load(path)
+    payloads = [parse_payload(loaded.delegate_payload(loaded.plan(m).delegates[0])) for m in ("prefill", "decode")]
+    assert payloads[0].weight_data == payloads[1].weight_data == segments[named.segment_index]
+    once = len(payloads[0].weight_data) + sum(len(p.cmd_data) for p in payloads)
+    assert path.stat().st_size <= 1.1 * once, (path.stat().st_size, once)
+    external = compile_decoder(_in_place(), PROMPT, "ethos-u85-256", tmp_path, steps=STEPS, external_data=True)
+    assert external.data == tmp_path / "decoder.ptd" and not deserialize_pte(
+        external.paths["decode"].read_bytes())[0].named_data
+    model = _in_place()
+    assert generate(external.program_step(engine="npu"), model, PROMPT, 2)[0] == \
+        generate(in_place.program_step(engine="npu"), model, PROMPT, 2)[0]
+
+
+@pytest.mark.slow
 def test_in_place_decoder_cpu_program_runs_in_executorch(program_check, tmp_path):
     """Without a delegate, the two-method program runs in ExecuTorch's runtime, which shares the methods' state
     (arena 2): prefill then two decode steps equal PyTorch's, in ExecuTorch and in `tosakit run`."""

@@ -413,9 +413,17 @@ class Emitter:
         )
 
 
-def build_program(plans: list[ExecutionPlan], pools: Pools) -> EmittedProgram:
+def build_program(plans: list[ExecutionPlan], pools: Pools, blocks_in_program: bool = False) -> EmittedProgram:
     """The program of ``plans`` (its methods) and the segments of what they share: constants (segment 0, maybe
-    empty), state's initial bytes, named data."""
+    empty), state's initial bytes, named data (with ``blocks_in_program``, the delegates' placed blocks too, once
+    per key, instead of in .ptd files: ExecuTorch's delegates read them from either)."""
+    if blocks_in_program:
+        for tag, entries in list(pools.external.items()):
+            blocks = {key: blob for key, blob in entries.items() if blob.layout is None}
+            pools.named.update({key: blob.data for key, blob in blocks.items()})
+            pools.external[tag] = {key: blob for key, blob in entries.items() if key not in blocks}
+            if not pools.external[tag]:
+                del pools.external[tag]
     data, const_offsets = constant_segment_bytes(pools.constants)
     segments = [data] if pools.constants or pools.named or pools.initial else []
     mutable = None
@@ -472,9 +480,12 @@ def program_from_graph(gm: GraphModule, in_spec=None, out_spec=None, constants_t
     return build_program([Emitter(gm, pools).emit(in_spec, out_spec)], pools)
 
 
-def program_from_methods(methods: dict[str, tuple[GraphModule, object, object]]) -> EmittedProgram:
+def program_from_methods(methods: dict[str, tuple[GraphModule, object, object]], blocks_in_program: bool = False
+                         ) -> EmittedProgram:
     """One program of several methods (name -> graph, in_spec, out_spec), e.g. an LLM's prefill and decode. State
-    that the graphs read by the same buffer name is one tensor: every method reads and writes the same bytes."""
+    that the graphs read by the same buffer name is one tensor: every method reads and writes the same bytes.
+    Delegate blocks placed outside their payloads (equal ones stored once) go into the program's named data with
+    ``blocks_in_program``, else into .ptd files."""
     pools, shapes = Pools(shared_state={}), {}
     for name, (gm, _, _) in methods.items():
         for node in gm.graph.nodes:
@@ -489,4 +500,4 @@ def program_from_methods(methods: dict[str, tuple[GraphModule, object, object]])
                     pools.shared_state[buffer] = pools.shared_bytes
                     pools.shared_bytes += -(-max(val.numel() * val.element_size(), 1) // ALIGNMENT) * ALIGNMENT
     plans = [Emitter(gm, pools).emit(i, o, name) for name, (gm, i, o) in methods.items()]
-    return build_program(plans, pools)
+    return build_program(plans, pools, blocks_in_program)

@@ -362,7 +362,7 @@ BROKEN = {
     "truncated data": (lambda b: b[:100], "needs"),
     "misaligned header": (lambda b: b[:32] + bytes(8) + b[32:], "block name at byte 32 is not"),
     "truncated header": (lambda b: b[:40], "truncated block header at byte 32"),
-    "external flag": (lambda b: _with_byte(b, 32 + 20, 1), "marked external"),
+    "external flag": (lambda b: _with_byte(b, 32 + 20, 1), "keeps its data outside the payload"),
     "non-zero padding": (lambda b: _with_byte(b, _cmd_padding_offset(b), 7), "non-zero padding"),
     "empty": (lambda b: b"", "ends before block 'vela_bin_stream'"),
 }

@@ -53,7 +53,8 @@ def exported(et_oracle, tmp_path_factory):
 
     def export_into(name: str, target: str, folder: Path) -> None:
         module, inputs = MODELS[name].factory()
-        result = et_oracle.export_ethosu(module.eval(), inputs, folder, name=name, target=target)
+        result = et_oracle.export_ethosu(module.eval(), inputs, folder, name=name, target=target,
+                                         bundleio=name == "mv2")
         (folder / "result.json").write_text(json.dumps(result))
 
     def get(name: str, target: str = TARGET):
@@ -203,3 +204,19 @@ def test_executorch_unet_payload_lists_one_of_three_outputs(et_oracle, tmp_path)
     with pytest.raises(TosakitError, match=r"delegate \d, EthosUBackend\): the payload has 1 inputs and 1 outputs, "
                                            r"the call passes 4 tensors"):
         load(result["pte"])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_executorch_bundled_mv2_checks_under_tosakit_run_u55_u85(target, exported, capsys):
+    """aot_arm_compiler --bundleio's mv2 (quantized, one Ethos-U delegate) checked by `tosakit run` as the Arm
+    runner checks it on a board (``check_executorch_bundle``); the line states the error in output steps."""
+    _, result = exported("mv2", target)
+    bpte = Path(result["pte"]).with_suffix(".bpte")
+    program = load(result["pte"])
+    from tosakit.runtime.bundled import output_steps
+
+    [step] = output_steps(program.plan())
+    from support.bundles import check_executorch_bundle
+
+    assert step and 0 < step < 0.1
+    check_executorch_bundle(bpte, capsys, step)
