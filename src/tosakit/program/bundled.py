@@ -11,7 +11,7 @@ from typing import Sequence
 
 from ..errors import TosakitError
 from .flatbuf import Reader, build, corrupt
-from .schema import BOOL, ELEMENT_TYPES, F64, I32, I64, STR, U8, U32, ScalarType, Union, Vector, enum8, fb
+from .schema import ELEMENT_TYPES, I32, STR, U8, U32, Bool, Double, Int, ScalarType, Union, Vector, enum8, fb
 
 FILE_IDENTIFIER = b"BP08"
 SCHEMA_VERSION = 2
@@ -25,21 +25,6 @@ class Tensor:
     sizes: list[int] = fb(Vector(I32), factory=list)
     data: bytes = fb(Vector(U8, align=16, raw=True), b"")
     dim_order: list[int] = fb(Vector(U8), factory=list)
-
-
-@dataclass
-class Int:
-    int_val: int = fb(I64, 0)
-
-
-@dataclass
-class Bool:
-    bool_val: bool = fb(BOOL, False)
-
-
-@dataclass
-class Double:
-    double_val: float = fb(F64, 0.0)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import TosakitError
 from .flatbuf import Reader, build, corrupt
-from .schema import BOOL, F64, I32, I32_UNSET, I64, STR, U32, U64, U8, Scalar, ScalarType, Vector, enum8, fb
+from .schema import I32, I32_UNSET, I64, STR, U32, U64, U8, Bool, Double, Int, Scalar, ScalarType, Vector, enum8, fb
 
 FILE_IDENTIFIER = b"ED00"
 VERSION = 0  # the version ExecuTorch's runtime writes
@@ -45,23 +45,8 @@ class TensorList:
 
 
 @dataclass
-class Int:
-    int_val: int = fb(I64, 0)
-
-
-@dataclass
-class Bool:
-    bool_val: bool = fb(BOOL, False)
-
-
-@dataclass
 class Float:
     float_val: float = fb(Scalar("f"), 0.0)
-
-
-@dataclass
-class Double:
-    double_val: float = fb(F64, 0.0)
 
 
 @dataclass
