@@ -139,3 +139,31 @@ def test_executorch_runs_a_program_whose_constants_are_in_tosakits_ptd_fp(cpu_pr
         want = _Net().eval()(*INPUTS)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_damaged_ptd_files_are_refused_or_read_never_crash_fp(cpu_programs, tmp_path):
+    """300 seeded mutations of the .ptd (bytes flipped, cut short, grown): each loads with its layouts checked,
+    or is refused with a TosakitError; nothing else escapes, and a program that loads runs."""
+    import random
+
+    from tosakit.runtime import load
+
+    _, external, ptd = cpu_programs
+    data, rng, refused = ptd.read_bytes(), random.Random(0), 0
+    for k in range(300):
+        damaged = bytearray(data)
+        kind = k % 3
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        elif kind == 1:
+            damaged = damaged[:rng.randrange(len(damaged))]
+        else:
+            damaged[rng.randrange(64)] = rng.randrange(256)
+            damaged += bytes(rng.randrange(300))
+        (tmp_path / "d.ptd").write_bytes(bytes(damaged))
+        try:
+            load(external, data=tmp_path / "d.ptd").run(INPUTS)
+        except TosakitError:
+            refused += 1
+    assert 100 < refused < 300

@@ -154,3 +154,23 @@ def test_inspector_reads_a_delegated_programs_etdump_u55(programs, et_oracle):
                                       "EthosUBackend::execute()", "DELEGATE_CALL",
                                       "native_call_dequantize_per_tensor.out", "OPERATOR_CALL", "Method::execute"]
     assert events[2][1:] == events[3][1:] == [1, 1, 2]
+
+
+def test_damaged_etdumps_are_refused_or_listed_never_crash_fp(programs):
+    """200 seeded byte mutations of an ETDump: `inspect` lists it or refuses it with a TosakitError."""
+    import random
+
+    from tosakit.runtime.trace import event_lines
+
+    folder, made = programs
+    data = E.serialize_etdump(_run(folder, made["fp"], "--debug-outputs"))
+    rng, refused = random.Random(0), 0
+    for _ in range(200):
+        damaged = bytearray(data)
+        for _ in range(rng.randint(1, 6)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        try:
+            event_lines(E.deserialize_etdump(bytes(damaged)))
+        except TosakitError:
+            refused += 1
+    assert 0 < refused < 200
