@@ -230,6 +230,9 @@ def test_the_methods_store_their_weights_once_u85(in_place, tmp_path):
     assert payloads[0].weight_data == payloads[1].weight_data == segments[named.segment_index]
     once = len(payloads[0].weight_data) + sum(len(p.cmd_data) for p in payloads)
     assert path.stat().st_size <= 1.1 * once, (path.stat().st_size, once)
+    from tosakit.runtime.pools import runner_memory
+
+    assert runner_memory(program, segments, program.execution_plan[1]).delegates[0].scratch  # reads named data
     external = compile_decoder(_in_place(), PROMPT, "ethos-u85-256", tmp_path, steps=STEPS, external_data=True)
     assert external.data == tmp_path / "decoder.ptd" and not deserialize_pte(
         external.paths["decode"].read_bytes())[0].named_data

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..backends.ethosu.payload import parse_payload
 from ..errors import TosakitError
 from ..program import schema as S
-from .validate import delegate_payload
+from .validate import data_map, delegate_payload
 
 # sizeof / alignof of the runtime's types on a 64-bit host (ExecuTorch 1.5.1; tests/oracle/memory_runner.cpp
 # prints the public ones). BackendDelegate (a FreeableBuffer and two pointers) and Chain (a pointer, a Span and a
@@ -133,6 +133,7 @@ def runner_memory(program: S.Program, segments: list[bytes], plan: S.ExecutionPl
     with a temp pool of ``load_temp`` or more."""
     load_temp = max((META_BOUND_PER_ARG * len(i.instr_args.args) for i in _instructions(plan)
                      if isinstance(i.instr_args, S.KernelCall)), default=0)
+    named = named if named is not None else data_map(program, segments, None)
     delegates = tuple(_delegate(program, segments, k, d, named) for k, d in enumerate(plan.delegates))
     execute_temp, unknown = _execute_temp(plan, delegates)
     return RunnerMemory(plan.name, tuple(plan.non_const_buffer_sizes[1:]), _constant_bytes(program, segments), delegates,
