@@ -215,10 +215,12 @@ def test_in_place_generation_equals_the_fake_quantized_models(in_place):
 
 @pytest.mark.slow
 def test_the_methods_store_their_weights_once_u85(in_place, tmp_path):
-    """The methods quantize alike, so Vela encodes their weights alike: both Ethos-U delegates name one weight
-    block (named data, ExecuTorch's external-block layout), stored once in decoder.pte; decoder.pte is at most
-    1.1x one copy of the weights plus both command streams (1.05x for SmolLM2's shape: `make bench -- llm`).
-    With external_data the block lives in decoder.ptd, and the two files give the same tokens."""
+    """The methods quantize alike, and here Vela picks the same block depths for both, so it encodes their weights
+    alike: both Ethos-U delegates name one weight block (named data, ExecuTorch's external-block layout), stored
+    once in decoder.pte, at most 1.1x one copy of the weights plus both command streams. (SmolLM2's shape does not
+    share yet: Vela picks other OFM block depths for a 32-token prefill than for one token, and its weight
+    encoding follows them; `make bench -- llm` prints the ratio.) With external_data the block lives in
+    decoder.ptd, and the two files give the same tokens."""
     from tosakit.backends.ethosu.payload import parse_payload
     from tosakit.program.pte import deserialize_pte
 
