@@ -13,6 +13,8 @@ both compilers lower one quantized graph. Written into the job's folder:
   NAME.pte               the program (delegate payloads inline, as ExecuTorch's tutorial writes it)
   NAME.quantized.pt2     the quantized graph it lowered (convert_pt2e, exported), for tosakit to lower too
   output_<tag>_*.tosa    each delegate's TOSA (the compile spec's dump_intermediate_artifacts_to)
+  TAG.ptd                with "external_blocks" (a tag): Vela's cmd_data and weight_data blocks, placed outside
+                         the payload (VelaExternalBlockPlacements)
   NAME.bpte              with "bundleio": the program bundled as aot_arm_compiler --bundleio bundles it: one
                          test case of the example inputs, its expected outputs the converted (fake-quantized)
                          model's, or the float model's when the job's model is quantized already
@@ -32,7 +34,7 @@ def export_job(job: dict) -> dict:
     import os
 
     import torch
-    from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
+    from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner, VelaExternalBlockPlacements
     from executorch.backends.arm.quantizer import EthosUQuantizer, VgfQuantizer, get_symmetric_quantization_config
     from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
     from executorch.backends.arm.tosa.backend import arm_get_first_delegation_tag
@@ -51,7 +53,10 @@ def export_job(job: dict) -> dict:
         os.environ["MODEL_CONVERTER_PATH"] = job["model_converter"]
         spec, partitioner, quantizer_class = VgfCompileSpec(), VgfPartitioner, VgfQuantizer
     else:
-        spec = EthosUCompileSpec(job["target"], memory_mode=job.get("memory_mode"))
+        tag = job.get("external_blocks")
+        placements = VelaExternalBlockPlacements(cmd_data=tag, weight_data=tag) if tag else None
+        spec = EthosUCompileSpec(job["target"], memory_mode=job.get("memory_mode"),
+                                 external_block_placements=placements)
         partitioner, quantizer_class = EthosUPartitioner, EthosUQuantizer
     spec.dump_intermediate_artifacts_to(str(out))
     reference = module
@@ -84,6 +89,8 @@ def export_job(job: dict) -> dict:
     program = edge.to_executorch(config=ExecutorchBackendConfig(extract_delegate_segments=False))
     pte = out / f"{job['name']}.pte"
     pte.write_bytes(program.buffer)
+    if job.get("external_blocks"):
+        program.write_tensor_data_to_file(str(out))
     if job.get("bundleio"):
         _bundle(program, reference, inputs, out / f"{job['name']}.bpte")
     return {"name": job["name"], "pte": str(pte), "quantized": str(out / f"{job['name']}.quantized.pt2"),

@@ -167,3 +167,27 @@ def test_damaged_ptd_files_are_refused_or_read_never_crash_fp(cpu_programs, tmp_
         except TosakitError:
             refused += 1
     assert 100 < refused < 300
+
+
+@pytest.mark.oracle
+def test_executorch_placed_blocks_run_from_its_ptd_u55(et_oracle, tmp_path):
+    """ExecuTorch 1.5.1's Ethos-U backend with VelaExternalBlockPlacements: its payload's external blocks name keys
+    tosakit derives alike (sha256 of tag NUL bytes), and `tosakit run --data` simulates its program from its .ptd
+    bit-exact with ExecuTorch's TOSA for the delegate on the reference model."""
+    from pathlib import Path
+
+    from tosakit.backends.ethosu.payload import external_key
+    from tosakit.program.pte import tosa_key
+    from tosakit.runtime import load
+
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU()).eval()
+    placed = et_oracle.export_ethosu(conv, INPUTS[1:], tmp_path, name="conv", external_blocks="npu")
+    ptd = tmp_path / "npu.ptd"
+    entries = deserialize_ptd(ptd.read_bytes())
+    assert len(entries) == 2 and all(key == external_key("npu", blob.data) for key, blob in entries.items())
+    program = load(placed["pte"], data=ptd)
+    [delegate], [made] = program.plan().delegates, placed["delegates"]
+    carried = {tosa_key(program.delegate_payload(delegate)): Path(made["tosa"]).read_bytes()}
+    _, comparisons = load(placed["pte"], tosa=carried, data=ptd).run_and_compare(list(INPUTS[1:]))
+    assert comparisons and all(c.bit_exact for c in comparisons), [str(c) for c in comparisons]

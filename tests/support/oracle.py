@@ -118,13 +118,14 @@ class EtOracle:
 
     def export_ethosu(self, module, inputs, folder: str | os.PathLike, name: str = "model",
                       target: str = "ethos-u55-128", memory_mode: str | None = None, quantized: bool = False,
-                      bundleio: bool = False) -> dict:
+                      bundleio: bool = False, external_blocks: str | None = None) -> dict:
         """An Ethos-U (or, ``target`` "vgf", VGF) program made by ExecuTorch's own Arm backend (its tutorial flow: EthosUQuantizer, calibrate
         on ``inputs``, EthosUPartitioner, to_executorch; tests/oracle/et_export.py) from ``module`` and each
         delegate's TOSA, written into ``folder``; et_export.py's result: {"pte", "quantized" (the quantized graph
         it lowered, .pt2), "delegates": [{"backend", "tosa", "payload_sha256"}] in call order, "cpu_ops",
         "vela_flags", "seconds"}. With ``quantized``, ``module`` is a quantized graph ExecuTorch only lowers; with
-        ``bundleio``, NAME.bpte is written too (aot_arm_compiler --bundleio's).
+        ``bundleio``, NAME.bpte is written too (aot_arm_compiler --bundleio's); with ``external_blocks`` (a tag),
+        Vela's command stream and weights go to TAG.ptd.
         Runs in a process of its own, so the runtime oracle never has the Arm backend imported."""
         model, saved_inputs = _saved_job(module, inputs, folder, name)
         converter = ""
@@ -134,7 +135,8 @@ class EtOracle:
             converter = str(model_converter())
         return self._exporting()._call("export_ethosu", name=name, model=model, inputs=saved_inputs, target=target,
                                        memory_mode=memory_mode, out=folder, quantized=quantized,
-                                       model_converter=converter, bundleio=bundleio)
+                                       model_converter=converter, bundleio=bundleio,
+                                       external_blocks=external_blocks)
 
     def cortex_m_op(self, op: str, cases: list[list], folder: str | os.PathLike) -> list:
         """ExecuTorch's reference implementation of ``cortex_m::op`` on each argument list of ``cases``; the

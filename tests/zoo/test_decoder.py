@@ -3,6 +3,8 @@ decode program; greedy generation from the .pte files on the host equals the fak
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -235,9 +237,17 @@ def test_the_methods_store_their_weights_once_u85(in_place, tmp_path):
     from tosakit.runtime.pools import runner_memory
 
     assert runner_memory(program, segments, program.execution_plan[1]).delegates[0].scratch  # reads named data
-    external = compile_decoder(_in_place(), PROMPT, "ethos-u85-256", tmp_path, steps=STEPS, external_data=True)
-    assert external.data == tmp_path / "decoder.ptd" and not deserialize_pte(
-        external.paths["decode"].read_bytes())[0].named_data
+    from tosakit.program.emit import program_from_methods
+    from tosakit.program.ptd import serialize_ptd
+    from tosakit.program.pte import serialize_pte
+
+    emitted = program_from_methods({m: (c.edge.program.graph_module, c.edge.program.in_spec, c.edge.program.out_spec)
+                                    for m, c in (("prefill", in_place.prefill), ("decode", in_place.decode))})
+    assert not emitted.program.named_data and list(emitted.external) == ["decoder"]  # compile_decoder(external_data)
+    (tmp_path / "decoder.ptd").write_bytes(serialize_ptd(emitted.external["decoder"]))
+    (tmp_path / "decoder.pte").write_bytes(serialize_pte(emitted.program, emitted.segments))
+    external = replace(in_place, paths={w: tmp_path / "decoder.pte" for w in in_place.paths},
+                       data=tmp_path / "decoder.ptd")
     model = _in_place()
     assert generate(external.program_step(engine="npu"), model, PROMPT, 2)[0] == \
         generate(in_place.program_step(engine="npu"), model, PROMPT, 2)[0]
