@@ -113,7 +113,8 @@ def test_ethos_u_blocks_placed_in_a_ptd_run_bit_exact_u55(tmp_path):
     conv = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU()).eval()
     inline = compile(conv, INPUTS[1:], "ethos-u55-128", quantize=True).program.save(tmp_path / "inline.pte")
     spec = EthosUCompileSpec("ethos-u55-128", external_block_placements=VelaExternalBlockPlacements("npu", "npu"))
-    placed = compile(conv, INPUTS[1:], spec, quantize=True).program
+    compiled = compile(conv, INPUTS[1:], spec, quantize=True)
+    placed = compiled.program
     placed.save(tmp_path / "placed.pte")
     [ptd] = placed.write_tensor_data_to_file(tmp_path)
     delegate = deserialize_pte((tmp_path / "placed.pte").read_bytes())[0].execution_plan[0].delegates[0]
@@ -127,6 +128,14 @@ def test_ethos_u_blocks_placed_in_a_ptd_run_bit_exact_u55(tmp_path):
     assert torch.equal(load(tmp_path / "placed.pte", data=ptd).run(INPUTS[1:])[0], want[0])
     with pytest.raises(TosakitError, match="block 'cmd_data' keeps its data outside the payload"):
         load(tmp_path / "placed.pte")
+    # kept in the program, a block only one payload names goes back inline: the payload any runtime reads
+    from tosakit.backends.ethosu.payload import parse_payload
+    from tosakit.program.emit import program_from_methods
+
+    edge = compiled.edge.program
+    alone = program_from_methods({"forward": (edge.graph_module, edge.in_spec, edge.out_spec)}, blocks_in_program=True)
+    assert not alone.program.named_data and not alone.external
+    assert parse_payload(alone.program.backend_delegate_data[0].data).cmd_data
 
 
 @pytest.mark.oracle

@@ -11,6 +11,7 @@ import torch.utils._pytree as pytree
 from torch.fx import GraphModule, Node
 
 from ..backends.cortex_m.scratch import scratch_buffer
+from ..backends.ethosu.payload import inline_external
 from ..capture import FQN, STATE, graph_attr, state_writes
 from ..errors import REPORT_GRAPH_HINT, TosakitError, UnsupportedOpError
 from ..lower.tosa_graph import NHWC, identity, storage_order
@@ -415,15 +416,10 @@ class Emitter:
 
 def build_program(plans: list[ExecutionPlan], pools: Pools, blocks_in_program: bool = False) -> EmittedProgram:
     """The program of ``plans`` (its methods) and the segments of what they share: constants (segment 0, maybe
-    empty), state's initial bytes, named data (with ``blocks_in_program``, the delegates' placed blocks too, once
-    per key, instead of in .ptd files: ExecuTorch's delegates read them from either)."""
+    empty), state's initial bytes, named data (with ``blocks_in_program``, the delegates' placed blocks too, instead
+    of in .ptd files: ExecuTorch's delegates read them from either)."""
     if blocks_in_program:
-        for tag, entries in list(pools.external.items()):
-            blocks = {key: blob for key, blob in entries.items() if blob.layout is None}
-            pools.named.update({key: blob.data for key, blob in blocks.items()})
-            pools.external[tag] = {key: blob for key, blob in entries.items() if key not in blocks}
-            if not pools.external[tag]:
-                del pools.external[tag]
+        _blocks_into_program(plans, pools)
     data, const_offsets = constant_segment_bytes(pools.constants)
     segments = [data] if pools.constants or pools.named or pools.initial else []
     mutable = None
@@ -446,6 +442,24 @@ def build_program(plans: list[ExecutionPlan], pools: Pools, blocks_in_program: b
     ops = list(dict.fromkeys(f"{o.name}.{o.overload}" for p in plans for o in p.operators))
     arena = max(sum(p.non_const_buffer_sizes) for p in plans)
     return EmittedProgram(program, segments, arena, sum(len(c) for c in pools.constants), ops, pools.external)
+
+
+def _blocks_into_program(plans: list[ExecutionPlan], pools: Pools) -> None:
+    """Each Ethos-U block placed outside its payload: into the program's named data when several payloads name it
+    (stored once), else back inline, the payload as any ExecuTorch runtime reads it."""
+    payloads = [pools.delegate_data[d.processed.index] for p in plans for d in p.delegates
+                if d.id == "EthosUBackend" and d.processed.location == DataLocation.INLINE]
+    inline: dict[str, bytes] = {}
+    for tag, entries in list(pools.external.items()):
+        for key, blob in list(entries.items()):
+            if blob.layout is None:
+                named = sum(key.encode("ascii") in p.data for p in payloads)
+                (pools.named if named > 1 else inline)[key] = blob.data
+                del entries[key]
+        if not entries:
+            del pools.external[tag]
+    for p in payloads:
+        p.data = inline_external(p.data, inline.get)
 
 
 def _bytes(t: torch.Tensor) -> bytes:
