@@ -186,12 +186,13 @@ def cmd_inspect(args) -> int:
     from .runtime import load
     from .runtime.inspect import command_listing, describe
 
-    if _file_kind(args.pte) == b"ED00":
-        from .program.etdump import deserialize_etdump
+    from .program import etdump
+
+    if _file_kind(args.pte) == etdump.FILE_IDENTIFIER:
         from .runtime.program import read_file
         from .runtime.trace import event_lines
 
-        print("\n".join(event_lines(deserialize_etdump(read_file(args.pte, _limits(args))))))
+        print("\n".join(event_lines(etdump.deserialize_etdump(read_file(args.pte, _limits(args), ".etdp")))))
         return 0
     if _is_bundled_file(args.pte):
         from .runtime.bundled import load_bundled, suite_lines
@@ -215,12 +216,14 @@ def _is_bundled_file(path: str) -> bool:
 def _file_kind(path: str) -> bytes:
     """The file identifier of a flatbuffer file (a .pte's, a .bpte's, or a size-prefixed ETDump's); b"" when
     unreadable (load() names what is wrong with the path)."""
+    from .program.etdump import FILE_IDENTIFIER, is_etdump
+
     try:
         with open(path, "rb") as f:
             head = f.read(12)
     except OSError:
         return b""
-    return head[8:12] if head[8:12] == b"ED00" else head[4:8]
+    return FILE_IDENTIFIER if is_etdump(head) else head[4:8]
 
 
 def _run_bundled(args, tracer) -> int:

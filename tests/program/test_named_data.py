@@ -94,6 +94,9 @@ def test_a_missing_or_mismatched_ptd_is_refused_naming_the_constant_fp(cpu_progr
     _, external, ptd = cpu_programs
     with pytest.raises(TosakitError, match="reads constant 'fc.weight' from a data file, and no data file given"):
         load(external)
+    with pytest.raises(TosakitError, match="none.ptd not found") as missing:
+        load(external, data=tmp_path / "none.ptd")
+    assert missing.value.hint == "give the path of a .ptd file"
     entries = deserialize_ptd(ptd.read_bytes())
     entries["fc.weight"] = NamedBlob(bytes(4 * 12), TensorLayout(S.ScalarType.INT, [3, 4], [0, 1]))
     (tmp_path / "wrong.ptd").write_bytes(serialize_ptd(entries))

@@ -169,12 +169,12 @@ class LoadedProgram:
                                "comparing the engines needs a delegate the npu or vgf engine runs")
 
 
-def read_file(path: str | Path, limits: Limits | None = None) -> bytes:
-    """A program file's bytes, refused when missing or larger than the memory limit."""
+def read_file(path: str | Path, limits: Limits | None = None, kind: str = ".pte") -> bytes:
+    """A ``kind`` file's bytes (.pte, .ptd, ...), refused when missing or larger than the memory limit."""
     path = Path(path)
     if not path.is_file():
         raise TosakitError(f"{path} not found" if not path.exists() else f"{path} is not a file",
-                           "give the path of a .pte file")
+                           f"give the path of a {kind} file")
     limits = limits or Limits()
     size = path.stat().st_size
     if size > limits.max_memory:
@@ -196,7 +196,8 @@ def load(path: str | Path, tosa: dict[str, bytes] | None = None, limits: Limits 
 
 def read_data(path: str | Path, limits: Limits | None = None) -> dict[str, NamedBlob]:
     """A named-data file's entries (.ptd), read and checked whole."""
+    data = read_file(path, limits, ".ptd")
     try:
-        return deserialize_ptd(read_file(path, limits))
+        return deserialize_ptd(data)
     except TosakitError as exc:
         raise TosakitError(f"{path}: {exc.message}", exc.hint) from None

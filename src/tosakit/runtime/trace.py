@@ -108,17 +108,15 @@ class EventTracer:
         return None
 
     def _tensor(self, t, kind: ScalarType) -> E.Tensor:
-        data = t.detach().contiguous().numpy().tobytes()
+        t = t.detach().contiguous()
+        data = t.numpy().tobytes()
         offset = -(-len(self.debug_buffer) // ALIGN) * ALIGN if data else -1
         if data:
             if offset + len(data) > self.max_debug_bytes:
                 raise TosakitError(f"the debug outputs need more than the {self.max_debug_bytes}-byte memory limit",
                                    RAISE_MEMORY_HINT + ", or run without --debug-outputs")
             self.debug_buffer += bytes(offset - len(self.debug_buffer)) + data
-        strides = [1] * t.dim()
-        for d in range(t.dim() - 2, -1, -1):
-            strides[d] = strides[d + 1] * t.shape[d + 1]
-        return E.Tensor(kind, list(t.shape), strides, offset)
+        return E.Tensor(kind, list(t.shape), list(t.stride()), offset)
 
     def etdump(self) -> bytes:
         return E.serialize_etdump(E.ETDump(E.VERSION, self.runs))
