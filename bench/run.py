@@ -511,8 +511,16 @@ def cortex_m(args) -> None:
     run(args, OUT, _executorch)
 
 
+def timing(args) -> None:
+    """The simulator's performance model against Vela's estimate: every built-in model on four accelerators,
+    whole-network and per operation; published figures reproduced."""
+    from timing import timing as run
+
+    run(args)
+
+
 BENCHES = {"host-runtime": host_runtime, "cortex-m": cortex_m, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo,
-           "llm": llm, "weights": weights}
+           "llm": llm, "weights": weights, "timing": timing}
 
 
 def main(argv=None) -> int:

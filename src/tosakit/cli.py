@@ -159,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--debug-outputs", action="store_true",
                    help="with --etdump: also log each kernel's output and each delegate call's tensors (their bytes "
                         "in PATH's .debug.bin, Inspector's debug_buffer_path)")
+    r.add_argument("--profile", action="store_true",
+                   help="print where the time goes, estimated on the device: a timeline of the CPU kernels "
+                        "(Cortex-M cycle estimates) and of each NPU operation of the Ethos-U command streams (the "
+                        "simulator's performance model), the top consumers, totals and the NPU's counters")
+    r.add_argument("--trace", metavar="PATH",
+                   help="write that timeline as a Chrome/Perfetto trace (JSON; open it in ui.perfetto.dev or "
+                        "chrome://tracing): each CPU kernel and NPU operation an event, cycles and counters in args")
     r.add_argument("--atol", type=float, default=0.01, help="a .bpte's absolute tolerance (default 0.01)")
     r.add_argument("--rtol", type=float, default=0.01, help="a .bpte's relative tolerance (default 0.01)")
     _add_limits(r)

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import IndexRangeError, TosakitError, check_writable
+from .errors import IndexRangeError, TosakitError, check_writable, write_atomic
 
 
 def cmd_compile(args) -> int:
@@ -59,7 +59,16 @@ def cmd_run(args) -> int:
         raise TosakitError("--verify compares the NPU engine's results with the TOSA ones: it runs --engine npu",
                            "drop --engine tosa")
     tracer = _tracer(args)
+    if args.trace:
+        check_writable(Path(args.trace), "--trace", args.pte)
+    profiled = args.profile or bool(args.trace)
+    if profiled and args.verify:
+        raise TosakitError("--profile and --trace time one run; --verify runs each delegate twice",
+                           "run them one after the other")
     if _is_bundled_file(args.pte):
+        if profiled:
+            raise TosakitError("--profile and --trace time a .pte's run, not a bundle's test cases",
+                               "profile the program itself (its .pte), with --inputs or --random")
         return _run_bundled(args, tracer)
     loading = time.perf_counter_ns()
     # validated whole before torch is imported
@@ -89,6 +98,8 @@ def cmd_run(args) -> int:
                 from .verify.npu_ops import compare_call
 
                 outputs, comparisons, operations = program.run_and_check(inputs, compare_call)
+            elif profiled:
+                (outputs, steps), comparisons, operations = program.run_profiled(inputs, tracer=tracer), [], []
             else:
                 outputs, comparisons, operations = program.run(inputs, tracer=tracer), [], []
             break
@@ -113,6 +124,8 @@ def cmd_run(args) -> int:
         from .verify.npu_ops import summary
 
         print("\n".join(summary(operations)))
+    if profiled:
+        _report_profile(program, steps, args)
     if args.outputs:
         # numpy has no bfloat16: such outputs are written widened to float32
         write_outputs(args.outputs, [np.asarray(o.float() if o.dtype == torch.bfloat16 else o) for o in outputs])
@@ -125,6 +138,18 @@ def cmd_run(args) -> int:
               f"{len(ops_differ)} NPU operation(s): report the program to tosakit", file=sys.stderr)
         return 1
     return 0
+
+
+def _report_profile(program, steps, args) -> None:
+    """--profile's table, --trace's file."""
+    from .runtime.profile import program_profile
+
+    profile = program_profile(program.plan(), steps)
+    if args.profile:
+        print("\n".join(profile.lines()))
+    if args.trace:
+        write_atomic(args.trace, profile.chrome_trace().encode())
+        print(f"wrote {args.trace} (a Chrome/Perfetto trace, estimated device time)")
 
 
 def _limits(args):

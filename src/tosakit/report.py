@@ -183,6 +183,23 @@ def snr_plot(layers) -> str | None:
     return png
 
 
+def _profile_html(profile, rows: int = 200) -> str:
+    """The simulated run's timeline (estimated device time): totals, the NPU's counters, the longest events."""
+    total = profile.total_us or 1.0
+    events = sorted(profile.events, key=lambda e: -e.duration_us)[:rows]
+    counters = profile.counters()
+    return ("<h2>Where the time goes (estimated on the device)</h2><p>The program run on the host with each Ethos-U "
+            "operation timed by the simulator's performance model and each CPU kernel by the Cortex-M cost rules "
+            f"({html.escape(profile.core)}): {profile.total_us:,.1f} us in all, NPU {profile.unit_us('NPU'):,.1f} "
+            f"us, CPU {profile.unit_us('CPU'):,.1f} us. Cycles are estimates; beats are the bytes the simulation "
+            "moved. The whole timeline: <code>tosakit run FILE.pte --random --trace out.json</code>.</p>"
+            + (_table(list(counters), [[f"{v:,}" for v in counters.values()]]) if counters else "")
+            + _table(["unit", "instruction", "what", "start us", "time us", "share", "cycles", "bound by"],
+                     [[e.unit, e.instruction, e.name, f"{e.start_us:,.1f}", f"{e.duration_us:,.1f}",
+                       f"{100 * e.duration_us / total:.1f}%", "" if e.cycles is None else f"{e.cycles:,}",
+                       e.args.get("bound_by", "")] for e in events]))
+
+
 def cycles_plot(per_op) -> str | None:
     """Vela's estimated cycles per operator (bars, coloured by what bounds them) and MAC utilisation (line),
     in graph order."""
@@ -325,6 +342,8 @@ def write_html(path: Path, title: str, edge, program=None, verification=None, co
                 ["delegate", "input", "shape", "clipped at the integer limits"],
                 [[i.delegate, i.node, "x".join(map(str, i.shape)), f"{_share(i.saturated)} ({_limits(i.limits)})"]
                  for i in inputs], ["saturated" if i.saturates else None for i in inputs]))
+        if getattr(verification, "profile", None) is not None:
+            parts.append(_profile_html(verification.profile))
         npu_ops = getattr(verification, "npu_ops", [])
         if npu_ops:
             compared = [r for r in npu_ops if r.values]

@@ -146,10 +146,14 @@ def test_inspector_reads_tosakits_etdump_as_executorchs_own_int(programs, et_ora
 @pytest.mark.oracle
 def test_inspector_reads_a_delegated_programs_etdump_u55(programs, et_oracle):
     """The Ethos-U delegate call is EthosUBackend::execute() inside DELEGATE_CALL at its instruction, its tensors
-    logged (input and output); the CPU kernels around it keep their names."""
+    logged (input and output), each operation of its command stream a delegate event (estimated device time); the
+    CPU kernels around it keep their names."""
     folder, made = programs
     _run(folder, made["u55"], "--debug-outputs")
     events = et_oracle.etdump(folder / "u55.etdp", debug_buffer=folder / "u55.debug.bin")[1][1]
+    npu = [e for e in events if e[0].isdigit()]  # each NPU operation, a delegate event named by its debug id
+    assert npu and [e[0] for e in npu] == [str(k) for k in range(len(npu))]
+    events = [e for e in events if not e[0].isdigit()]
     assert [e[0] for e in events] == ["native_call_quantize_per_tensor.out", "OPERATOR_CALL",
                                       "EthosUBackend::execute()", "DELEGATE_CALL",
                                       "native_call_dequantize_per_tensor.out", "OPERATOR_CALL", "Method::execute"]

@@ -83,3 +83,81 @@ def ethosu_delegates(compiled) -> list[tuple[bytes, object]]:
     from tosakit.backends.ethosu.payload import parse_payload
 
     return [(tosa, parse_payload(payload)) for tosa, payload in ethosu_blobs(compiled)]
+
+
+def assert_counters_exact(edge) -> int:
+    """Each Ethos-U delegate of ``edge`` simulated with timing on: every operation's beat counters are its bytes
+    moved, counted here apart from the simulator's own tally (every read and write of its memory, per region),
+    put on the AXI port Vela's own vela.ini gives the region's area in the delegate's memory mode, in beats of the
+    accelerator's bus width. The number of operations checked."""
+    import configparser
+    from pathlib import Path
+
+    import ethosu.vela
+
+    from tosakit.backends.ethosu.payload import parse_payload
+    from tosakit.runtime.ethosu import memory as M
+    from tosakit.runtime.ethosu.profile import NpuOp
+    from tosakit.runtime.ethosu.simulate import simulate
+    from tosakit.runtime.ethosu.system import compile_flags
+
+    ini = configparser.ConfigParser()
+    ini.read(Path(ethosu.vela.__file__).parents[1] / "config_files" / "Arm" / "vela.ini")
+    tally: dict[tuple[int, str], int] = {}
+    read, write = M.Memory.read, M.Memory.write
+
+    def counted_read(self, index, addresses, dtype):
+        tally[index, "read"] = tally.get((index, "read"), 0) + np.asarray(addresses).size * np.dtype(dtype).itemsize
+        return read(self, index, addresses, dtype)
+
+    def counted_write(self, index, addresses, values, dtype):
+        tally[index, "write"] = tally.get((index, "write"), 0) + np.asarray(addresses).size * np.dtype(dtype).itemsize
+        return write(self, index, addresses, values, dtype)
+
+    checked = 0
+    for module in [m for m in edge.program.graph_module.children() if getattr(m, "backend_id", "") == "EthosUBackend"]:
+        payload, flags = parse_payload(module.processed_bytes), compile_flags(module.compile_specs)
+        options = dict(f.removeprefix("--").split("=", 1) for f in flags if "=" in f)
+        mode = f"Memory_Mode.{options['memory-mode']}"
+        while not ini.has_option(mode, "const_mem_area"):
+            mode = ini.get(mode, "inherit")
+        port = {r: int(ini.get(mode, f"{area}_mem_area")[-1]) for r, area in enumerate(("const", "arena", "cache"))}
+        u85 = options["accelerator-config"].startswith("ethos-u85")
+        beat = 8 if options["accelerator-config"].startswith("ethos-u55") else 16
+        names = {(0, "read"): 1, (0, "write"): 0, (1, "read"): 3, (1, "write"): 2} if u85 else \
+            {(0, "read"): 0, (1, "read"): 1, (0, "write"): 2, (1, "write"): 3}
+        per_op: list[dict] = []
+
+        def observe(npu, command):
+            if command.register.name not in ("NPU_OP_DMA_WAIT", "NPU_OP_KERNEL_WAIT", "NPU_OP_STOP", "NPU_OP_IRQ",
+                                             "NPU_OP_PMU_MASK"):
+                per_op.append(dict(tally))
+
+        inputs = npu_inputs(payload, 0, module.tosa)
+        tally.clear()
+        M.Memory.read, M.Memory.write = counted_read, counted_write
+        try:
+            profile = simulate(payload, inputs, profile=flags, observe=observe).profile
+        finally:
+            M.Memory.read, M.Memory.write = read, write
+        assert len(per_op) == len(profile.operations)
+        previous: dict = {}  # before the first operation: the inputs copied in
+        for t in payload.inputs:
+            previous[t.region, "write"] = previous.get((t.region, "write"), 0) + int(np.prod(t.shape)) * t.elem_size
+        for k, (op, seen) in enumerate(zip(profile.operations, per_op)):
+            assert isinstance(op, NpuOp)
+            moved: dict[tuple[int, str], int] = {}
+            for (region, way), n in seen.items():
+                delta = n - previous.get((region, way), 0)
+                if delta:
+                    moved[port[region], way] = moved.get((port[region], way), 0) + delta
+            previous = seen
+            events = ("SRAM_WR_DATA_BEAT_WRITTEN", "SRAM_RD_DATA_BEAT_RECEIVED", "EXT_WR_DATA_BEAT_WRITTEN",
+                      "EXT_RD_DATA_BEAT_RECEIVED") if u85 else (
+                "AXI0_RD_DATA_BEAT_RECEIVED", "AXI1_RD_DATA_BEAT_RECEIVED", "AXI0_WR_DATA_BEAT_WRITTEN",
+                "AXI1_WR_DATA_BEAT_WRITTEN")
+            want = {events[names[key]]: -(-n // beat) for key, n in moved.items()}
+            got = {name: v for name, v in op.counters.items() if name in events and v}
+            assert got == want, f"operation {k} ({op.operation} at {op.offset:#x}): counters {got}, bytes moved {want}"
+            checked += 1
+    return checked

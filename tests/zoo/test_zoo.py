@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from support.harness import VGF_OPS, assert_vgf_engine
+from support.npu import assert_counters_exact
 from tosakit.capture import export
 from tosakit.flow import partitioner_for, quantize_model
 from tosakit.partition import cpu_compute
@@ -79,6 +80,7 @@ def test_zoo_u85(name):
     edge = _lower(name, "ethos-u85-256")
     assert not _cpu_compute(edge), [f"{p.node}: {p.reason}" for p in _cpu_compute(edge)]
     assert all(d.report.cpu_ops == 0 for d in edge.delegates)
+    assert assert_counters_exact(edge) > 0  # each operation's beats: the bytes it moved
 
 
 # Whole on the U55 as users reported they were not: YOLO's nearest-upsample neck and decoded heads
@@ -90,6 +92,7 @@ def test_zoo_u55(name):
     """Everything the U55 can take is delegated; whatever stays on the CPU says why."""
     edge = _lower(name, "ethos-u55-128")
     assert edge.delegates and all(d.report.cpu_ops == 0 for d in edge.delegates)
+    assert assert_counters_exact(edge) > 0  # each operation's beats: the bytes it moved
     if name in U55_WHOLE:
         assert not _cpu_compute(edge), [f"{p.node}: {p.reason}" for p in _cpu_compute(edge)]
     for p in _cpu_compute(edge):

@@ -16,9 +16,11 @@ from ..errors import TosakitError, first_line
 from ..native import captured_output
 from ..program import schema as S
 from ..program.kernels import KernelSchema, kernel_key, kernel_schemas
+from .ethosu.profile import NpuProfile
 from .ethosu.simulate import simulate
+from .ethosu.system import compile_flags
 from .stored import run_stored
-from .records import EngineComparison, NpuCall, TensorSpec
+from .records import EngineComparison, NpuCall, Step, TensorSpec
 from .tosa_sandbox import IsolatedReferenceModel
 from .trace import EventTracer, kernel_event_name, now
 from .validate import MethodLayout, tensor_nbytes
@@ -97,9 +99,12 @@ class Execution:
     handed to it (``NpuCall``), what it finds into ``findings``."""
 
     def __init__(self, loaded, plan: S.ExecutionPlan, layout: MethodLayout, compare: bool = False,
-                 per_operation: Callable[[NpuCall], list] | None = None, tracer: EventTracer | None = None):
+                 per_operation: Callable[[NpuCall], list] | None = None, tracer: EventTracer | None = None,
+                 profile: bool = False):
         self.loaded, self.plan, self.layout, self.limits = loaded, plan, layout, loaded.limits
         self.tracer = tracer
+        self.steps: list[Step] | None = [] if profile else None  # with ``profile``: each instruction's time
+        self._npu_profile: NpuProfile | None = None  # the last simulated delegate call's, when profiling
         self.compare, self.comparisons = compare, []
         self.per_operation, self.findings = per_operation, []
         self.arenas = loaded.arenas(plan.name)
@@ -186,6 +191,19 @@ class Execution:
         return outputs
 
     def _step(self, instr, pc: int, deadline: float) -> int:
+        if self.steps is None:
+            return self._run_step(instr, pc, deadline)
+        start = now()
+        after = self._run_step(instr, pc, deadline)
+        if isinstance(instr, S.KernelCall):
+            self.steps.append(Step(pc, self.event_names[instr.op_index], now() - start))
+        elif isinstance(instr, S.DelegateCall):
+            delegate = self.plan.delegates[instr.delegate_index]
+            self.steps.append(Step(pc, delegate.id, now() - start, instr.delegate_index,
+                                   self.engines.get(instr.delegate_index), self._npu_profile))
+        return after
+
+    def _run_step(self, instr, pc: int, deadline: float) -> int:
         tracer = self.tracer
         start = now() if tracer is not None else 0
         if isinstance(instr, S.KernelCall):
@@ -208,10 +226,11 @@ class Execution:
             if tracer is not None:
                 tracer.kernel(pc, self.event_names[instr.op_index], start, call, self._arg(instr.args[-1]))
         elif isinstance(instr, S.DelegateCall):
+            self._npu_profile = None
             self._delegate(instr, pc, deadline)
             if tracer is not None:
                 tracer.delegate(pc, self.plan.delegates[instr.delegate_index].id, start, (start, now()),
-                                [self._arg(i) for i in instr.args])
+                                [self._arg(i) for i in instr.args], self._npu_profile)
         elif isinstance(instr, S.MoveCall):
             self.values[instr.move_to] = self.values[instr.move_from]
         elif isinstance(instr, S.JumpFalseCall):
@@ -287,14 +306,19 @@ class Execution:
         on its stored inputs; the results come back in torch layout."""
         payload = self.layout.delegate_npu[index]
         arrays = self._stored_inputs(index, ins, orders)
+        timed = self.steps is not None or self.tracer is not None
+        flags = compile_flags(self.plan.delegates[index].compile_specs) if timed else None
         if self.loaded.isolate:
             blob = self.loaded.delegate_payload(self.plan.delegates[index])
-            results = self._sandbox(deadline).simulate(blob, arrays, what)
+            results, message = self._sandbox(deadline).simulate(blob, arrays, what, flags)
+            if message:
+                self._npu_profile = NpuProfile.from_message(message, flags)
         else:
             try:
-                results = simulate(payload, arrays, deadline=deadline).outputs
+                run = simulate(payload, arrays, deadline=deadline, profile=flags)
             except TosakitError as exc:  # name the program and the call, keep the kind (NpuAccessError, ...)
                 raise exc.prefixed(what) from None
+            results, self._npu_profile = run.outputs, run.profile
         return _unstored(results, outs, orders[len(ins):])
 
     def _vgf(self, delegate: S.BackendDelegate, args: list, orders: list, deadline: float,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..backends.ethosu.payload import parse_payload
 from ..errors import TosakitError
 from ..program import schema as S
+from .ethosu.system import compile_flags
 from .validate import data_map, delegate_payload
 
 # sizeof / alignof of the runtime's types on a 64-bit host (ExecuTorch 1.5.1; tests/oracle/memory_runner.cpp
@@ -276,8 +277,7 @@ def _delegate(program: S.Program, segments: list[bytes], index: int, d: S.Backen
               named: dict | None) -> DelegateMemory:
     if d.id != "EthosUBackend":
         return DelegateMemory(index, d.id, None, "unknown (not an Ethos-U payload)")
-    flags = next((s.value.decode(errors="replace") for s in d.compile_specs if s.key == "compile_flags"), "")
-    mode = next((f.split("=", 1)[1] for f in flags.split() if f.startswith("--memory-mode=")), None)
+    mode = next((f.split("=", 1)[1] for f in compile_flags(d.compile_specs) if f.startswith("--memory-mode=")), None)
     if mode is not None and mode.startswith("Dedicated_Sram"):
         fast = (f"a separate SRAM region (memory mode {mode}): the span the command stream addresses, which the "
                 "payload does not state; it is Vela's SRAM figure, which `tosakit compile` prints as the fast scratch")

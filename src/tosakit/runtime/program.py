@@ -140,6 +140,14 @@ class LoadedProgram:
 
         return Execution(self, self.plan(method), self.layouts[method], tracer=tracer).run(list(inputs))
 
+    def run_profiled(self, inputs, method: str = "forward", tracer=None) -> tuple[list, list]:
+        """``run``, each instruction timed and each simulated Ethos-U delegate call's NPU operations estimated:
+        the outputs and the steps (``records.Step``; ``profile.program_profile`` makes them a timeline)."""
+        from .execute import Execution
+
+        execution = Execution(self, self.plan(method), self.layouts[method], tracer=tracer, profile=True)
+        return execution.run(list(inputs)), execution.steps
+
     def run_and_compare(self, inputs, method: str = "forward") -> tuple[list, list[EngineComparison]]:
         """``run``, with each Ethos-U delegate that runs on the simulator, and each VGF delegate that runs on the VGF
         engine, when it carries its TOSA also run on the reference model, on the same inputs: the outputs, and how

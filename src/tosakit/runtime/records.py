@@ -61,3 +61,17 @@ class NpuCall:
     compile_specs: list
     inputs: list[np.ndarray]  # its inputs as stored, one integer array each
     sandbox: IsolatedReferenceModel | None  # the child process that runs a file from anywhere; None: this process
+
+
+@dataclass(frozen=True)
+class Step:
+    """One instruction of a profiled run: its index, what it called (a kernel's event name, a delegate's backend),
+    its host time (ns); for a delegate call its index, the engine that ran it and, when the Ethos-U simulator did,
+    each NPU operation's estimate (``ethosu.profile.NpuProfile``)."""
+
+    instruction: int
+    name: str
+    host_ns: int
+    delegate: int | None = None
+    engine: str | None = None
+    npu: object | None = None

@@ -108,13 +108,18 @@ class IsolatedReferenceModel(Child):
                                "not fit its inputs: re-export the program")
         return [reply[f"out{k}"] for k in range(len(reply))]
 
-    def simulate(self, payload: bytes, inputs: list[np.ndarray], what: str) -> list[np.ndarray]:
-        """An Ethos-U delegate ``payload`` (its bytes, checked by validation) on the simulator; its errors keep
-        their kind (NpuAccessError, ...), a fault in the simulator itself is a RuntimeError."""
+    def simulate(self, payload: bytes, inputs: list[np.ndarray], what: str,
+                 profile: list[str] | None = None) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+        """An Ethos-U delegate ``payload`` (its bytes, checked by validation) on the simulator, timed with
+        ``profile`` (its Vela flags) when given: its outputs and the profile's arrays (``NpuProfile.to_message``,
+        empty without one). Its errors keep their kind (NpuAccessError, ...), a fault in the simulator itself is a
+        RuntimeError."""
         from .ethosu.memory import NpuAccessError
         from .ethosu.npu import UnsupportedCommandError
 
         request = {"payload": np.frombuffer(payload, dtype=np.uint8), "deadline": np.array(self.deadline)}
+        if profile is not None:
+            request["profile"] = np.array(profile or [""])
         reply = self.call(request, inputs, what, "the Ethos-U simulator")
         if "bug" in reply:
             raise RuntimeError(f"{what}: the Ethos-U simulator failed: {reply['bug'].item()}")
@@ -123,7 +128,8 @@ class IsolatedReferenceModel(Child):
             kind = {"NpuAccessError": NpuAccessError, "UnsupportedCommandError": UnsupportedCommandError}.get(
                 reply["kind"].item(), TosakitError)
             raise kind(f"{what}: {reply['error'].item()}", reply["hint"].item() or None)
-        return [reply[f"out{k}"] for k in range(len(reply))]
+        outputs = [reply[f"out{k}"] for k in range(sum(key.startswith("out") for key in reply))]
+        return outputs, {k: v for k, v in reply.items() if k.startswith("profile_")}
 
     def call(self, request: dict, inputs: list[np.ndarray], what: str, engine: str) -> dict[str, np.ndarray]:
         """One request (``inputs`` added as in0, in1, ...) and its reply; ``engine`` names the work in errors."""
@@ -136,13 +142,16 @@ class IsolatedReferenceModel(Child):
                             "small", "raise --max-memory if you trust the file, else report it to tosakit")
 
 
-def _simulate(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> list[np.ndarray]:
+def _simulate(request: dict[str, np.ndarray], inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
     from ..backends.ethosu.payload import parse_payload
     from .ethosu.simulate import simulate
 
+    profile = [str(f) for f in request["profile"] if str(f)] if "profile" in request else None
     with captured_output((1, 2)):  # stdout is the reply pipe: nothing native may print to it
-        return simulate(parse_payload(request["payload"].tobytes()), inputs,
-                        deadline=float(request["deadline"])).outputs
+        run = simulate(parse_payload(request["payload"].tobytes()), inputs, deadline=float(request["deadline"]),
+                       profile=profile)
+    reply = {f"out{k}": o for k, o in enumerate(run.outputs)}
+    return reply if run.profile is None else {**reply, **run.profile.to_message()}
 
 
 def _handler(name: str) -> Callable[[dict[str, np.ndarray], list[np.ndarray]], dict[str, np.ndarray]]:
@@ -160,7 +169,9 @@ def _reply(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     try:
         if "handler" in request:
             return _handler(request["handler"].item())(request, inputs)
-        outputs = _simulate(request, inputs) if "payload" in request else run_tosa(request["tosa"].tobytes(), inputs)
+        if "payload" in request:
+            return _simulate(request, inputs)
+        outputs = run_tosa(request["tosa"].tobytes(), inputs)
     except IndexRangeError as exc:  # the value and the bound travel with it: the caller names the input
         return {**_error(exc.message, exc.hint or "", "IndexRangeError"), "index": np.array([exc.value, exc.high])}
     except TosakitError as exc:

@@ -7,6 +7,7 @@ events, their bytes in a separate debug buffer, and the program's outputs at the
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,11 +68,22 @@ class EventTracer:
             self._debug(0, pc, output)
         self._events.extend([_profile(name, 0, pc, *call), _profile("OPERATOR_CALL", 0, pc, start, end)])
 
-    def delegate(self, pc: int, backend: str, start: int, call: tuple[int, int], args: list) -> None:
-        """Delegate call ``pc`` to ``backend``: its execute (``call``) inside the instruction's time."""
+    def delegate(self, pc: int, backend: str, start: int, call: tuple[int, int], args: list, npu=None) -> None:
+        """Delegate call ``pc`` to ``backend``: its execute (``call``) inside the instruction's time; with ``npu``
+        (an ``ethosu.profile.NpuProfile``) an event per NPU operation, its delegate debug id the operation's
+        number in the stream, placed from the call's start in estimated device time, its figures as metadata."""
         end = now()
-        self._events.extend([_profile(f"{backend}::execute()", 0, pc, *call),
-                         _profile("DELEGATE_CALL", 0, pc, start, end)])
+        self._events.append(_profile(f"{backend}::execute()", 0, pc, *call))
+        if npu is not None:
+            ns = 1e9 / npu.system.clock_hz
+            for op in npu.operations:
+                figures = {"operation": op.operation, "offset": op.offset, "cycles": op.cycles,
+                           "estimated": True, **op.counters}
+                self._events.append(E.Event(E.ProfileEvent(
+                    None, 0, pc, delegate_debug_id_int=op.index,
+                    delegate_debug_metadata=json.dumps(figures, separators=(",", ":")).encode(),
+                    start_time=call[0] + int(op.start * ns), end_time=call[0] + int(op.end * ns))))
+        self._events.append(_profile("DELEGATE_CALL", 0, pc, start, end))
         if self.debug_outputs:
             for a in args:
                 self._debug(0, pc, a)

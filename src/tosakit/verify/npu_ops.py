@@ -19,6 +19,7 @@ from ..backends.ethosu.payload import EthosUPayload, parse_payload
 from ..errors import TosakitError
 from ..native import captured_output
 from ..runtime.ethosu.commands import NotSimulatedError, decode
+from ..runtime.ethosu.system import compile_flags
 from ..runtime.ethosu.featuremap import FeatureMap
 from ..runtime.ethosu.simulate import require_simulated, simulate
 from ..runtime.records import NpuCall
@@ -105,12 +106,7 @@ def compare_delegate(name: str, module, args: tuple) -> list[NpuOpReport]:
         return []
     arrays = [x.detach().permute(tuple(order)).contiguous().reshape(-1).numpy()
               for x, order in zip(args, module.input_orders)]
-    return compare_payload(name, module.tosa, module.processed_bytes, vela_flags(module.compile_specs), arrays)
-
-
-def vela_flags(compile_specs) -> list[str]:
-    """The Vela flags a delegate's compile specs carry."""
-    return next((bytes(s.value).decode().split() for s in compile_specs if s.key == "compile_flags"), [])
+    return compare_payload(name, module.tosa, module.processed_bytes, compile_flags(module.compile_specs), arrays)
 
 
 def compare_payload(name: str, tosa: bytes, blob: bytes, flags: list[str], arrays: list[np.ndarray]) -> list[NpuOpReport]:
@@ -177,7 +173,7 @@ def compare_operations(delegate: str, tosa: bytes, payload: EthosUPayload, mappi
 def compare_call(call: NpuCall) -> list[NpuOpReport]:
     """A delegate call of a program run (``LoadedProgram.run_and_check``) per NPU operation: Vela on its TOSA,
     the simulator and the reference model, in the run's sandbox for a file from anywhere."""
-    flags = vela_flags(call.compile_specs)
+    flags = compile_flags(call.compile_specs)
     if call.sandbox is None:
         return compare_payload(call.name, call.tosa, call.payload, flags, call.inputs)
     return _in_sandbox(call.sandbox, call, flags)

@@ -106,6 +106,8 @@ class VerifyReport:
     npu_error: str | None = None
     # each NPU operation of the simulated Ethos-U delegates against the TOSA tensor it computes
     npu_ops: list[NpuOpReport] = field(default_factory=list)
+    # where the time goes on the device, estimated: the program run again with its NPU operations timed
+    profile: object | None = None  # runtime.profile.ProgramProfile
 
     @property
     def first_divergent_layer(self) -> LayerReport | None:

@@ -9,6 +9,7 @@ from torch.fx import GraphModule
 from ..errors import TosakitError
 from ..program import EdgeProgramManager, ExecutorchProgramManager, LoweredBackendModule, tosa_key
 from ..runtime.delegates import evaluate_exact
+from ..runtime.profile import program_profile
 from ..runtime.program import LoadedProgram
 from .float_graph import float_reference
 from .layers import delegate_reports
@@ -49,7 +50,10 @@ def verify(edge: EdgeProgramManager, program: ExecutorchProgramManager, inputs: 
                  if (layers and float_model is not None) else None)
     rows, quantized_inputs, npu_ops = delegate_reports(edge, inputs, float_ref, layers,
                                                        npu=bool(engines) or bool(npu_error))
-    return VerifyReport(outputs, rows, quantized_inputs, engines, npu_error, npu_ops)
+    profile = None
+    if layout.delegate_npu and npu_error is None:  # where the time goes on the device, estimated
+        profile = program_profile(loaded.plan(), loaded.run_profiled(list(inputs))[1])
+    return VerifyReport(outputs, rows, quantized_inputs, engines, npu_error, npu_ops, profile)
 
 
 def _same_kind(got: torch.Tensor, ref) -> bool:

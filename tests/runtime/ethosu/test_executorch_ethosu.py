@@ -124,6 +124,23 @@ def test_tosakit_run_executes_executorch_program(name, target, exported, tmp_pat
     code = main(["run", str(pte), "--inputs", str(tmp_path / "in.npz"), "--engine", "tosa"])
     err = capsys.readouterr().err
     assert code == 2 and "has no TOSA graph inside the program" in err, err
+    # profiled without Vela's database: the file's own command streams, timed
+    code = main(["run", str(pte), "--inputs", str(tmp_path / "in.npz"), "--profile"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "Profile of forward" in printed and f"NPU {target}" in printed, printed
+
+
+def _assert_same_stream_same_time(mine, theirs, my_steps, their_steps) -> None:
+    """Where tosakit's delegate and ExecuTorch's hold the same command stream, their profiles' totals agree
+    within 2% (the same stream, the same estimate: only the inputs' values may move it, not at all here)."""
+    streams = lambda program: [parse_payload(program.delegate_payload(d)).cmd_data  # noqa: E731
+                               for d in program.plan().delegates]
+    totals = lambda steps: [s.npu.total_cycles for s in steps if s.npu is not None]  # noqa: E731
+    pairs = list(zip(streams(mine), streams(theirs), totals(my_steps), totals(their_steps)))
+    assert len(pairs) == len(streams(mine)) and all(t > 0 for *_, a, b in pairs for t in (a, b))
+    for ours, executorch, a, b in pairs:
+        if ours == executorch:
+            assert abs(a - b) <= 0.02 * b, (a, b)
 
 
 def _tosakit_lowering(result, inputs, target: str):
@@ -173,7 +190,9 @@ def test_tosakit_program_for_the_same_quantized_graph(name, target, exported, tm
     identical = len(ours) == len(theirs) and all(a == b for a, b in zip(ours, theirs))
     same = identical or (len(ours) == len(theirs) and all(_same_function(a, b) for a, b in zip(ours, theirs)))
     path = edge.to_executorch().save(tmp_path / f"{name}_tosakit.pte")
-    mine, executorch = load(path).run(inputs), load(result["pte"]).run(inputs)
+    ours_loaded, theirs_loaded = load(path), load(result["pte"])
+    (mine, my_steps), (executorch, their_steps) = ours_loaded.run_profiled(inputs), theirs_loaded.run_profiled(inputs)
+    _assert_same_stream_same_time(ours_loaded, theirs_loaded, my_steps, their_steps)
     assert len(mine) == len(executorch)
     diffs = []
     for k, (m, e) in enumerate(zip(mine, executorch)):

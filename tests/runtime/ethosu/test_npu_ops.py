@@ -152,6 +152,9 @@ def test_compile_verify_reports_npu_operations(tmp_path, capsys):
     assert len(saved) == 5 and sum(1 for r in saved if r["values"] and not r["differ"]) == 4
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<h2>Per NPU operation</h2>" in page and "4 of 5 compared, 0 differ" in page
+    # and where the time goes: the simulated run's timeline, its NPU operations timed
+    assert "<h2>Where the time goes (estimated on the device)</h2>" in page and "AXI0_RD_DATA_BEAT_RECEIVED" in page
+    assert page.count("<td>NPU</td>") >= 5
 
 
 def test_summary_never_calls_uncompared_operations_bit_exact():

@@ -74,6 +74,14 @@ class Memory:
     def __init__(self, regions: list[Region]):
         self.regions = {r.index: r for r in regions}
         self.where = "before the first command"
+        self.moved: dict[tuple[int, str], int] = {}  # (region, "read" | "write") -> bytes moved so far
+
+    def _count(self, index: int, way: str, nbytes: int) -> None:
+        self.moved[index, way] = self.moved.get((index, way), 0) + nbytes
+
+    def moved_since(self, mark: dict[tuple[int, str], int]) -> dict[tuple[int, str], int]:
+        """Bytes read and written per region since ``mark`` (an earlier copy of ``moved``)."""
+        return {k: v - mark.get(k, 0) for k, v in self.moved.items() if v != mark.get(k, 0)}
 
     def region(self, index: int) -> Region:
         if index not in self.regions:
@@ -126,6 +134,7 @@ class Memory:
             raise NpuAccessError(
                 f"{self.where} reads byte {first:#x} of {region.name}, which no earlier command or input wrote",
                 "the scratch layout is wrong (an area read before it is written): report the program to tosakit")
+        self._count(index, "read", spans.size)
         return region.data[spans].view(dtype).reshape(addresses.shape).astype(np.int64)
 
     def write(self, index: int, addresses: np.ndarray, values: np.ndarray, dtype: np.dtype) -> None:
@@ -138,6 +147,7 @@ class Memory:
         spans = (addresses[..., None] + np.arange(dtype.itemsize)).reshape(-1)
         region.data[spans] = np.ascontiguousarray(values.astype(dtype).reshape(-1)).view(np.uint8)
         region.written[spans] = True
+        self._count(index, "write", spans.size)
 
     def copy(self, src: int, src_start: int, dst: int, dst_start: int, length: int) -> None:
         """A linear byte copy (DMA)."""

@@ -74,6 +74,8 @@ class Npu:
         self.lut_written = np.zeros(LUT_BYTES, bool)
         self.chains: dict[int, np.ndarray] = {}  # U85 chain buffers: an OFM kept inside for the next operation
         self.executed: list[tuple[int, str]] = []  # (command offset, operation) of every operation run
+        self.moved: dict[tuple[int, str], int] = {}  # the last operation's bytes read and written, per region
+        self.weights: np.ndarray | None = None  # the last weighted operation's weights, decoded
         self.deadline: float | None = None
 
     def run(self, commands, deadline: float | None = None, observe=None) -> None:
@@ -88,6 +90,7 @@ class Npu:
                 self.regs.set(command)
                 continue
             self.check_deadline()
+            mark = dict(self.memory.moved)
             try:
                 run(self, command)
             except TosakitError as exc:
@@ -97,6 +100,7 @@ class Npu:
             except MemoryError:
                 raise TosakitError(f"{self.memory.where} needs more memory than the simulator may use",
                                    "the command stream is corrupt, or raise the limit (--max-memory)") from None
+            self.moved = self.memory.moved_since(mark)
             self.executed.append((command.offset, name))
             if observe is not None:
                 observe(self, command)

@@ -14,9 +14,12 @@ from . import executors  # noqa: F401  (fills the operation table)
 from . import weights
 from .codec import CODEC
 from .commands import CommandStream, NotSimulatedError, decode
+from .hardware import ACCELERATORS
 from .memory import Memory, Region
 from .npu import OPERATIONS, U85_RUNS, Npu, weight_streams
+from .profile import NpuProfile, Profiler
 from .registers import register_map
+from .system import memory_system
 
 
 @dataclass
@@ -26,6 +29,7 @@ class Simulation:
     outputs: list[np.ndarray]
     operations: list[tuple[int, str]] = field(default_factory=list)
     fast_scratch_bytes: int = 0  # the fast scratch the stream addressed: what the platform must lend it
+    profile: NpuProfile | None = None  # each operation's estimated time and counters, when asked for
 
 
 @functools.cache
@@ -78,11 +82,13 @@ def require_simulated(stream: CommandStream) -> CommandStream:
 
 
 def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str | None = None,
-             deadline: float | None = None, max_memory: int = 1 << 31, observe=None) -> Simulation:
+             deadline: float | None = None, max_memory: int = 1 << 31, observe=None,
+             profile: list[str] | None = None) -> Simulation:
     """Execute ``payload``'s command stream on ``inputs`` (integer arrays, one per I/O-table input) on
     ``accelerator`` (by default the one the stream's header names), stopping with an error past ``deadline``
     (a ``time.monotonic()`` value); refused before anything is allocated if its regions need more than
-    ``max_memory`` bytes. ``observe(npu, command)`` is called after each operation."""
+    ``max_memory`` bytes. ``observe(npu, command)`` is called after each operation. With ``profile`` (the Vela
+    flags the delegate was compiled with: its system config and memory mode), each operation is also timed."""
     stream = require_simulated(decode(payload.cmd_data, accelerator))
     accelerator = stream.accelerator_config.accelerator
     if memory_needed(payload) > max_memory:
@@ -108,11 +114,19 @@ def simulate(payload: EthosUPayload, inputs: list[np.ndarray], accelerator: str 
     registers = register_map(accelerator)
     npu = Npu(registers, memory, accelerator, (stream.accelerator_config.shram_kib or 0) * 1024)
     ahead = weight_streams(stream.commands, registers, payload.weight_data, 2 * len(payload.weight_data))
+    profiler = None if profile is None else Profiler(accelerator, memory_system(profile, ACCELERATORS[accelerator]))
     with _one_blas_thread(), CODEC.ahead([s for s in ahead if not weights.decoded(s)], deadline):
-        npu.run(stream.commands, deadline, observe)
+        npu.run(stream.commands, deadline, _both(profiler, observe))
     outputs = []
     for i, t in enumerate(payload.outputs):
         memory.where = f"output {i}"
         raw = np.frombuffer(memory.read_bytes(t.region, t.offset, _io_bytes(t)), np.uint8)
         outputs.append(raw.view(f"<i{t.elem_size}").reshape(t.shape))
-    return Simulation(outputs, npu.executed, memory.region(2).used)
+    return Simulation(outputs, npu.executed, memory.region(2).used, profiler and profiler.profile)
+
+
+def _both(first, then):
+    """An observer calling ``first`` and then ``then`` (either may be None)."""
+    if first is None or then is None:
+        return first or then
+    return lambda npu, command: (first(npu, command), then(npu, command))

@@ -44,6 +44,12 @@ def depthwise(npu: Npu, command) -> None:
 
 
 def _weights(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarray:
+    """The operation's weights, decoded from its streams (kept on the NPU: the performance model reads them)."""
+    npu.weights = _decoded(npu, k, ic, oc, depthwise)
+    return npu.weights
+
+
+def _decoded(npu: Npu, k: Kernel, ic: int, oc: int, depthwise: bool) -> np.ndarray:
     if npu.u85:
         macs = ETHOSU_TARGETS[npu.accelerator].macs
         layout = U85Layout.of(npu.regs, depthwise, macs)

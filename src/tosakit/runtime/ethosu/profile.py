@@ -1,0 +1,222 @@
+"""Where a command stream's time goes: each operation placed on a timeline (the compute engine and the DMA run
+side by side, each in order, and the stream's DMA_WAIT / KERNEL_WAIT commands hold them back as they do on the
+device) with its estimated cycles (``estimate``), and the performance counters ExecuTorch's Ethos-U runner reads.
+Beat counts come from the bytes the simulation moved, per AXI port, so they are exact for the stream; cycles, MAC-
+and weight-decoder-active cycles are the model's estimates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .estimate import estimate
+from .hardware import ACCELERATORS, Accelerator
+from .system import MemorySystem, memory_system
+from .timing import transfer_cycles
+
+# The counters ExecuTorch's Ethos-U runner programs (arm_perf_monitor), per family, after the cycle counter.
+PMU_EVENTS = {
+    "u55": ("AXI0_RD_DATA_BEAT_RECEIVED", "AXI1_RD_DATA_BEAT_RECEIVED", "AXI0_WR_DATA_BEAT_WRITTEN",
+            "AXI1_WR_DATA_BEAT_WRITTEN", "NPU_IDLE"),
+    "u85": ("SRAM_RD_DATA_BEAT_RECEIVED", "SRAM_WR_DATA_BEAT_WRITTEN", "EXT_RD_DATA_BEAT_RECEIVED",
+            "EXT_WR_DATA_BEAT_WRITTEN", "NPU_IDLE", "MAC_ACTIVE", "WD_ACTIVE"),
+}
+ESTIMATED = ("NPU_ACTIVE", "NPU_IDLE", "MAC_ACTIVE", "WD_ACTIVE")  # counters that come from the model
+_UNTIMED = ("NPU_OP_DMA_WAIT", "NPU_OP_KERNEL_WAIT", "NPU_OP_STOP", "NPU_OP_IRQ", "NPU_OP_PMU_MASK")
+
+
+def events(hw: Accelerator) -> tuple[str, ...]:
+    return PMU_EVENTS["u85" if hw.u85 else "u55"]
+
+
+@dataclass(frozen=True)
+class NpuOp:
+    """One operation of the stream: its number among the stream's operations, command offset and name (CONV,
+    DMA_START, ...), estimated start and cycles (from the stream's start), compute cycles, MACs, what bounds
+    it, its counters (``events``) and the bytes it moved per AXI port and direction."""
+
+    index: int
+    offset: int
+    operation: str
+    start: int
+    cycles: int
+    compute_cycles: int
+    macs: int
+    bound_by: str
+    counters: dict[str, int]
+    moved: dict[str, int]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.cycles
+
+
+@dataclass
+class NpuProfile:
+    """A stream's operations on the timeline, on ``accelerator`` in ``system``."""
+
+    accelerator: str
+    system: MemorySystem
+    operations: list[NpuOp] = field(default_factory=list)
+
+    @property
+    def total_cycles(self) -> int:
+        """The NPU's cycle counter for the stream: from its start to the end of its last operation."""
+        return max((op.end for op in self.operations), default=0)
+
+    @property
+    def milliseconds(self) -> float:
+        return 1e3 * self.total_cycles / self.system.clock_hz
+
+    def counters(self) -> dict[str, int]:
+        """The stream's counters: the cycle counter (NPU_ACTIVE), then each event's total; NPU_IDLE the cycles
+        in which neither the compute engine nor the DMA works."""
+        hw = ACCELERATORS[self.accelerator]
+        out = {"NPU_ACTIVE": self.total_cycles}
+        for name in events(hw):
+            out[name] = sum(op.counters.get(name, 0) for op in self.operations)
+        busy, covered = 0, 0
+        for op in sorted(self.operations, key=lambda o: o.start):
+            if op.end > covered:
+                busy += op.end - max(op.start, covered)
+                covered = op.end
+        out["NPU_IDLE"] = self.total_cycles - busy
+        return out
+
+    def to_message(self) -> dict[str, np.ndarray]:
+        """The profile as arrays (how the sandbox's child hands it back)."""
+        names = sorted({k for op in self.operations for k in (*op.counters, *op.moved)})
+        rows = [[op.index, op.offset, op.start, op.cycles, op.compute_cycles, op.macs]
+                + [op.counters.get(n, op.moved.get(n, -1)) for n in names] for op in self.operations]  # -1: absent
+        return {"profile_rows": np.array(rows, np.int64).reshape(len(rows), 6 + len(names)),
+                "profile_names": np.array(names or [""]), "profile_ops": np.array(
+                    [f"{op.operation}|{op.bound_by}" for op in self.operations] or [""]),
+                "profile_system": np.array([self.accelerator, self.system.system_config, self.system.memory_mode])}
+
+    @classmethod
+    def from_message(cls, message: dict[str, np.ndarray], flags: list[str]) -> "NpuProfile":
+        accelerator = str(message["profile_system"][0])
+        profile = cls(accelerator, memory_system(flags, ACCELERATORS[accelerator]))
+        names = [str(n) for n in message["profile_names"]]
+        for row, kind in zip(message["profile_rows"].tolist(), message["profile_ops"]):
+            operation, bound = str(kind).split("|")
+            values = {n: v for n, v in zip(names, row[6:]) if v >= 0}
+            counters = {n: v for n, v in values.items() if n in PMU_EVENTS["u55"] + PMU_EVENTS["u85"]}
+            moved = {n: v for n, v in values.items() if n not in counters}
+            profile.operations.append(NpuOp(row[0], row[1], operation, row[2], row[3], row[4], row[5], bound,
+                                            counters, moved))
+        return profile
+
+
+class Profiler:
+    """Observes a simulation (``Npu.run``'s ``observe``) and places each operation on the timeline."""
+
+    def __init__(self, accelerator: str, system: MemorySystem):
+        self.hw = ACCELERATORS[accelerator]
+        self.profile = NpuProfile(accelerator, system)
+        self.issue = 0  # when the command processor reaches the next command
+        self.kernels: list[int] = []  # end of each compute operation, in order
+        self.dmas: list[int] = []  # end of each DMA, in order
+        self.chain: _Chain | None = None  # the operation whose OFM the next one reads from a chain buffer
+
+    def __call__(self, npu, command) -> None:
+        name = command.register.name
+        if name == "NPU_OP_DMA_WAIT":  # until at most k DMAs are outstanding
+            self.issue = max(self.issue, _outstanding_until(self.dmas, command.field("k")))
+        elif name == "NPU_OP_KERNEL_WAIT":  # until at most n operations are outstanding
+            self.issue = max(self.issue, _outstanding_until(self.kernels, command.field("n")))
+        if name in _UNTIMED:
+            return
+        moved = self._moved(npu)
+        if name == "NPU_OP_DMA_START":
+            cycles = self._dma(npu, moved)
+            start = max(self.issue, self.dmas[-1] if self.dmas else 0)
+            self.dmas.append(start + cycles)
+            self._record(command, name, start, cycles, 0, 0, "DMA", moved, {})
+            return
+        cost = estimate(npu, command, self.hw, self.profile.system)
+        if self.chain is not None and _reads_chain(npu):  # its time is its producer's: zero of its own
+            self._join_chain(npu, cost)
+            self._record(command, name, self.chain.start, 0, 0, cost.macs, "chained", moved, {})
+            if not npu.ofm_chained():
+                self.chain = None
+            return
+        start = max(self.issue, self.kernels[-1] if self.kernels else 0)
+        self.kernels.append(start + cost.cycles)
+        self._record(command, name, start, cost.cycles, cost.compute, cost.macs, cost.bound_by, moved,
+                     self._model_counters(cost))
+        self.chain = _Chain(len(self.profile.operations) - 1, start, command, dict(npu.regs.commands)) \
+            if npu.ofm_chained() else None
+
+    def _join_chain(self, npu, cost) -> None:
+        """An operation reading the chain buffer runs in its producer's pipeline: the producer estimated again
+        with this one's output stage added to its own, and this one's bytes moved in the same time."""
+        chain = self.chain
+        chain.ao += cost.ao
+        chain.traffic.append(cost.traffic)
+        saved, npu.regs.commands = npu.regs.commands, chain.registers
+        try:
+            group = estimate(npu, chain.command, self.hw, self.profile.system, chain.ao)
+        finally:
+            npu.regs.commands = saved
+        for traffic in chain.traffic:
+            group.traffic.merge(traffic)
+        first = self.profile.operations[chain.index]
+        self.profile.operations[chain.index] = replace(
+            first, cycles=group.cycles, compute_cycles=group.compute, bound_by=group.bound_by,
+            counters={**first.counters, **self._model_counters(group)})
+        self.kernels[-1] = max(self.kernels[-1], chain.start + group.cycles)
+
+    def _model_counters(self, cost) -> dict[str, int]:
+        return {"MAC_ACTIVE": cost.mac, "WD_ACTIVE": cost.weight_decode} if self.hw.u85 else {}
+
+    def _record(self, command, name, start, cycles, compute, macs, bound, moved, extra) -> None:
+        self.profile.operations.append(NpuOp(len(self.profile.operations), command.offset,
+                                             name.removeprefix("NPU_OP_"), start, cycles, compute, macs, bound,
+                                             {**self._beats(moved), **extra}, moved))
+
+    def _moved(self, npu) -> dict[str, int]:
+        """The bytes the operation moved, per AXI port and direction ("AXI0 read", ...)."""
+        out: dict[str, int] = {}
+        for (region, way), nbytes in npu.moved.items():
+            key = f"AXI{self.profile.system.memory(region).axi} {way}"
+            out[key] = out.get(key, 0) + nbytes
+        return out
+
+    def _beats(self, moved: dict[str, int]) -> dict[str, int]:
+        beat = self.hw.axi_bytes
+        names = {"AXI0 read": 0, "AXI1 read": 1, "AXI0 write": 2, "AXI1 write": 3} if not self.hw.u85 else \
+            {"AXI0 read": 0, "AXI0 write": 1, "AXI1 read": 2, "AXI1 write": 3}
+        return {events(self.hw)[i]: -(-moved.get(key, 0) // beat) for key, i in names.items()}
+
+    def _dma(self, npu, moved: dict[str, int]) -> int:
+        system = self.profile.system
+        src = system.memory(npu.value("DMA0_SRC_REGION", "region"))
+        internal = npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL")
+        dst = None if internal else system.memory(npu.value("DMA0_DST_REGION", "region"))
+        nbytes = sum(v for k, v in moved.items() if k.endswith("read"))
+        return transfer_cycles(self.hw, src, dst, nbytes)
+
+
+@dataclass
+class _Chain:
+    """An Ethos-U85 operation that left its OFM in a chain buffer: its place in the profile, start, command and
+    registers, and what the operations chained after it add (output cycles per element, bytes moved)."""
+
+    index: int
+    start: int
+    command: object
+    registers: dict
+    ao: float = 0.0
+    traffic: list = field(default_factory=list)
+
+
+def _reads_chain(npu) -> bool:
+    return any(npu.name(f"{fm}_PRECISION", "activation_storage").endswith("CHAINED") for fm in ("IFM", "IFM2")) \
+        if npu.u85 else False
+
+
+def _outstanding_until(ends: list[int], allowed: int) -> int:
+    """When at most ``allowed`` of the work items ending at ``ends`` (in order) remain unfinished."""
+    return ends[-allowed - 1] if len(ends) > allowed else 0
