@@ -144,12 +144,28 @@ def _report_profile(program, steps, args) -> None:
     """--profile's table, --trace's file."""
     from .runtime.profile import program_profile
 
-    profile = program_profile(program.plan(), steps)
+    profile = program_profile(program.plan(), steps, labels=_operation_labels(program, steps))
     if args.profile:
         print("\n".join(profile.lines()))
     if args.trace:
         write_atomic(args.trace, profile.chrome_trace().encode())
         print(f"wrote {args.trace} (a Chrome/Perfetto trace, estimated device time)")
+
+
+def _operation_labels(program, steps) -> dict[int, dict[int, str]]:
+    """Per simulated delegate that carries its TOSA (compiled with --debug-info): what each NPU operation computes
+    ("CONV2D -> tensor"), from Vela's operation map of that TOSA (Vela runs again); the others by command index."""
+    from .runtime.ethosu.system import compile_flags
+    from .verify.operation_map import operation_map
+
+    layout, labels = program.layouts["forward"], {}
+    for index in {s.delegate for s in steps if s.npu is not None}:
+        if index in layout.delegate_tosa and index in layout.delegate_npu:
+            delegate = program.plan().delegates[index]
+            mapping = operation_map(layout.delegate_tosa[index][0], compile_flags(delegate.compile_specs),
+                                    layout.delegate_npu[index].cmd_data)
+            labels[index] = {op.offset: f"{op.tosa_op} -> {op.ofm}" for op in mapping.operations}
+    return labels
 
 
 def _limits(args):

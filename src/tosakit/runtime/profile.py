@@ -108,9 +108,11 @@ class ProgramProfile:
                            "otherData": {"estimated": True, "method": self.method}}, indent=None)
 
 
-def program_profile(plan: S.ExecutionPlan, steps: list[Step], core: str | None = None) -> ProgramProfile:
+def program_profile(plan: S.ExecutionPlan, steps: list[Step], core: str | None = None,
+                    labels: dict[int, dict[int, str]] | None = None) -> ProgramProfile:
     """The timeline of a profiled run's ``steps`` of ``plan``: CPU kernels on ``core`` (by default the Cortex-M55
-    beside an Ethos-U), delegate calls as their NPU operations (or, run another way, their host time)."""
+    beside an Ethos-U), delegate calls as their NPU operations (or, run another way, their host time); ``labels``:
+    per delegate index, what each NPU operation computes, by its command offset (an operation map)."""
     cpu = cpu_cycles(plan, core_for(core or ""))
     estimates = {c.index: c.estimate for c in cpu.calls}
     clock = cpu.board.clock_hz
@@ -132,11 +134,13 @@ def program_profile(plan: S.ExecutionPlan, steps: list[Step], core: str | None =
             continue
         npu.append((step.instruction, profile))
         scale = 1e6 / profile.system.clock_hz
+        named = (labels or {}).get(step.delegate, {})
         for op in profile.operations:
             unit = "DMA" if op.operation == "DMA_START" else "NPU"
             args = {"offset": f"{op.offset:#x}", "macs": op.macs, "compute_cycles": op.compute_cycles,
                     "bound_by": op.bound_by, **op.counters, **{f"bytes {k}": v for k, v in op.moved.items()}}
-            events.append(Event(unit, f"{op.operation} #{op.index}", step.instruction, now + op.start * scale,
-                                op.cycles * scale, op.cycles, 0.0, args))
+            label = f"{op.operation} #{op.index}" + (f" {named[op.offset]}" if op.offset in named else "")
+            events.append(Event(unit, label, step.instruction, now + op.start * scale, op.cycles * scale, op.cycles,
+                                0.0, args))
         now += profile.total_cycles * scale
     return ProgramProfile(plan.name, cpu.core, clock, events, npu)

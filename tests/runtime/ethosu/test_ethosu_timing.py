@@ -151,3 +151,19 @@ def test_profile_refuses_bad_combinations(tmp_path):
     assert main(["run", str(pte), "--random", "--profile", "--verify"]) == 2
     assert main(["run", str(pte), "--random", "--trace", str(tmp_path)]) == 2  # a folder
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_profile_names_what_each_operation_computes_int(tmp_path, capsys):
+    """A program carrying its TOSA (--debug-info): each NPU operation named by the TOSA operator and tensor Vela's
+    operation map pairs it with."""
+    from tosakit.cli import main
+    from tosakit.specs import EthosUCompileSpec
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(1, 8, 16, 16),)
+    compiled = compile(_Net().eval(), inputs, EthosUCompileSpec("ethos-u55-128").with_debug_info(), quantize=True,
+                       calibration=[inputs])
+    pte = compiled.program.save(tmp_path / "net.pte")
+    assert main(["run", str(pte), "--random", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "CONV2D -> " in out and "DEPTHWISE_CONV2D -> " in out, out
