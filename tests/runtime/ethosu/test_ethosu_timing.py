@@ -167,3 +167,17 @@ def test_profile_names_what_each_operation_computes_int(tmp_path, capsys):
     assert main(["run", str(pte), "--random", "--profile"]) == 0
     out = capsys.readouterr().out
     assert "CONV2D -> " in out and "DEPTHWISE_CONV2D -> " in out, out
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_a_zoo_model_lands_near_velas_estimate(target):
+    """MLPerf Tiny's DS-CNN (``_u55``/``_u85``): whole-network within 10% of Vela, its operations within 20% (on the
+    Ethos-U85 its first convolution's weights are in the 2:4 sparse format, which halves its MAC steps)."""
+    from tosakit.zoo import MODELS
+
+    module, inputs = MODELS["ds_cnn"].factory()
+    compiled = compile(module.eval(), inputs, target, quantize=True, calibration=[inputs])
+    [check] = [check_timing(d) for d in _delegates(compiled)]
+    assert abs(check.ratio - 1) <= 0.10, (check.simulated, check.vela)
+    assert len(check.within(0.20)) == len(check.operations) > 5, [
+        (o.name, o.operator, o.simulated, o.vela) for o in check.operations if abs(o.ratio - 1) > 0.2]

@@ -54,10 +54,11 @@ def _sub_kernels(k) -> list[int]:
 
 
 def _mac_block_cycles(hw, kind, depth_first, nu, ifm_block_c, ifm_bits, part_kernel, acc_wide, k, ifm_c,
-                      weight_fetch: bool = True) -> int:
+                      sparse: bool, weight_fetch: bool = True) -> int:
     """Cycles of the MAC stage for one OFM block (``nu``: microblocks per block along H, W, C, then the
-    microblock's depth); without ``weight_fetch`` the MACs' own work alone (not waiting for a microblock's
-    weights): the cycles the MAC-active counter counts."""
+    microblock's depth; ``sparse``: Ethos-U85 weights in the 2:4 sparse format, half the MAC steps); without
+    ``weight_fetch`` the MACs' own work alone (not waiting for a microblock's weights): the cycles the MAC-active
+    counter counts."""
     wb = 4 * nu[3] // (hw.cores if hw.u85 else 1) if weight_fetch else 0  # cycles to take in a microblock's weights
     d = (7 if acc_wide else 3) if hw.macs == 32 else (3 if acc_wide and hw.macs <= 128 else 2)
     total = 0
@@ -70,11 +71,11 @@ def _mac_block_cycles(hw, kind, depth_first, nu, ifm_block_c, ifm_bits, part_ker
             cycles = max(wb, 4 * nu[0] * nu[1] * ifm_bits // 8) * steps * nu[2]
         elif part_kernel:
             steps = _ceil(e, 2 if ifm_bits == 16 else 4)
-            cycles = max(wb, 4 * nu[0] * nu[1]) * steps * nu[2] * _ceil(ifm_block_c, 8)
+            cycles = max(wb, 4 * nu[0] * nu[1]) * steps * nu[2] * _ceil(ifm_block_c, 8) // (2 if sparse else 1)
         else:
             steps = e
             if hw.u85:
-                cycles = max(wb, ifm_block_c // 8 * nu[0] * nu[1]) * e * nu[2] * ifm_bits // 8
+                cycles = max(wb, ifm_block_c // 8 * nu[0] * nu[1]) * e * nu[2] * ifm_bits // 8 // (2 if sparse else 1)
             else:
                 cycles = max(wb, 4 * nu[0] * nu[1]) * e * nu[2]
         delay = 0
@@ -153,7 +154,8 @@ def _mac_op(npu: Npu, command, hw: Accelerator, system: MemorySystem, chained_ao
                             npu.name("IFM_UPSCALE", "mode"))
     ifm_block = tuple(min(s, c) for s, c in zip(ifm.shape, ifm_config))
     nu = tuple(_ceil(b, u) for b, u in zip(block, ublock)) + (ublock[2],)
-    stage = (hw, kind, depth_first, nu, ifm_block[2], ifm.bits, part_kernel, acc_wide, k, ifm.shape[2])
+    sparse = hw.u85 and kind == "NPU_OP_CONV" and npu.name("WEIGHT_FORMAT", "weight_sparsity").endswith("2_4")
+    stage = (hw, kind, depth_first, nu, ifm_block[2], ifm.bits, part_kernel, acc_wide, k, ifm.shape[2], sparse)
     mac_blk, busy = _mac_block_cycles(*stage), _mac_block_cycles(*stage, weight_fetch=False)
     blocks = _elements(_ceil(s, u) for s, u in zip(ofm_shape, ublock)) / _elements(nu[:3])
     ao = output_cycles(hw, kind, mode, ifm.bits, ofm.bits, False, acc_wide, npu.name("ACTIVATION",
@@ -169,7 +171,7 @@ def _mac_op(npu: Npu, command, hw: Accelerator, system: MemorySystem, chained_ao
     b_mac, b_ao = max(mac_blk, issue), max(ao_blk, issue)
     total = int(b_mac * blocks) + b_ao if b_mac > b_ao else b_ao * blocks + b_mac
     cost = Cost(int(total + ofm_cycles + ifm_cycles), int(busy * blocks), ao=ao)
-    cost.macs = k.h * k.w * _elements(ofm_shape) * (ifm_c if depth_first else 1)
+    cost.macs = k.h * k.w * _elements(ofm_shape) * (ifm_c if depth_first else 1) // (2 if sparse else 1)
     cost.traffic, cost.weight_decode = _mac_traffic(npu, hw, system, kind, matmul, ofm_shape, block, ifm, ofm,
                                                    ifm_config, ifm_block, config, k, chained, cost.macs)
     return cost
@@ -245,19 +247,31 @@ def _elementwise(npu: Npu, command, hw: Accelerator, system: MemorySystem, chain
     ao = output_cycles(hw, kind, mode, ifm.bits, ofm.bits, binary, False,
                        npu.name("ACTIVATION", "activation_function"), npu.ofm_chained(), _transposed(npu))
     elements = ofm.stored_elements()
-    operands = [ifm] + ([Operand.of(FeatureMap.of(npu.regs, "IFM2"), ofm_shape, system)] if binary and not scalar
-                        else [])
-    block_cycles = max(ofm.block_cycles(config, True, hw.cores),
-                       *(o.block_cycles(config, False, hw.cores) for o in operands))
+    operands = [ifm]
+    if binary and not scalar:
+        operands.append(Operand.of(FeatureMap.of(npu.regs, "IFM2"), _ifm2_shape(npu, ofm_shape), system))
+    block_cycles = max(ofm.block_cycles(config, True, hw.burst_cores),
+                       *(o.block_cycles(config, False, hw.burst_cores) for o in operands))
     per_element = (block_cycles / _elements(config) + ao + chained_ao) / 4
     cost = Cost(max(math.ceil(per_element * elements), math.ceil((ao + chained_ao) * elements)), ao=ao)
     traffic = Traffic(hw)
-    for o in operands:
-        traffic.add(o.memory, "ifm_stream", o.effective_bytes(o.stored_elements(), config, False, hw.burst_cores))
+    for o in operands:  # Ethos-U55/U65 read each IFM over the OFM's extent, rounded as the IFM is stored
+        count = o.stored_elements() if hw.u85 else ifm.stored_elements(ofm_shape)
+        traffic.add(o.memory, "ifm_stream", o.effective_bytes(count, config, False, hw.burst_cores))
     if not npu.ofm_chained():
         traffic.add(ofm.memory, "write", ofm.effective_bytes(elements, config, True, hw.burst_cores))
     cost.traffic = traffic
     return cost
+
+
+def _ifm2_shape(npu: Npu, ofm_shape) -> tuple[int, int, int]:
+    """IFM2's own shape: the OFM's, with each axis it is broadcast along one element long."""
+    if npu.u85:
+        axes = npu.name("IFM2_BROADCAST", "broadcast_mode").removeprefix("BROADCAST_MODE_")
+        along = set(axes) if axes not in ("NONE", "SCALAR", "") else set()
+    else:
+        along = {a.upper() for a in "hwc" if npu.name("IFM2_BROADCAST", f"broadcast_{a}").endswith("ENABLE")}
+    return tuple(1 if axis in along else n for axis, n in zip("HWC", ofm_shape))
 
 
 def _scalar_ifm2(npu: Npu) -> bool:
