@@ -230,7 +230,7 @@ def _decode_cycles(values, fast: bool, cores: int) -> int:
     if values is None:
         return 0
     if fast:
-        return values.size // (64 if np.unique(values).size < 16 else 32)
+        return values.size // (64 if _distinct(values) < 16 else 32)
     zeros = min(max(float(np.count_nonzero(values == 0)) / max(values.size, 1), 0.5), 0.9)
     return values.size // (int(8 + (zeros - 0.5) * 24 / 0.4) * cores)
 
@@ -262,6 +262,17 @@ def _elementwise(npu: Npu, command, hw: Accelerator, system: MemorySystem, chain
         traffic.add(ofm.memory, "write", ofm.effective_bytes(elements, config, True, hw.burst_cores))
     cost.traffic = traffic
     return cost
+
+
+def _distinct(values) -> int:
+    """How many distinct values ``values`` holds (a count per value in their range: no sort)."""
+    flat = np.asarray(values, np.int64).ravel()
+    if not flat.size:
+        return 0
+    low, high = int(flat.min()), int(flat.max())
+    if high - low >= 1 << 20:
+        return np.unique(flat).size
+    return int(np.count_nonzero(np.bincount(flat - low)))
 
 
 def _ifm2_shape(npu: Npu, ofm_shape) -> tuple[int, int, int]:
