@@ -10,7 +10,7 @@ import time
 
 TARGETS = ("ethos-u55-128", "ethos-u65-256", "ethos-u85-256", "ethos-u85-2048")
 SKIP = {"decoder"}  # the LLM has a bench of its own (llm)
-WHOLE, PER_OP = 0.10, 0.20  # the acceptance's bars
+WHOLE, PER_OP, TRAFFIC = 0.10, 0.20, 0.05  # the acceptance's bars
 
 
 def _delegates(compiled) -> list:
@@ -30,20 +30,23 @@ def calibrate(models: list[str], targets=TARGETS) -> dict:
             start = time.perf_counter()
             compiled = compile(module.eval(), inputs, target, quantize=True, calibration=[inputs])
             sim = vela = within = count = 0
-            outliers, whys = [], []
+            outliers, whys, traffic = [], [], {"vela": 0, "model": 0, "moved": 0}
             for delegate in _delegates(compiled):
                 check = check_timing(delegate)
                 sim, vela = sim + check.simulated, vela + check.vela
+                for key, figures in (("vela", check.vela_traffic), ("model", check.model_traffic),
+                                     ("moved", check.moved)):
+                    traffic[key] += sum(figures.values())
                 ok = check.within(PER_OP)
                 within, count = within + len(ok), count + len(check.operations)
                 outliers += [o for o in check.operations if o not in ok]
                 whys += [check.why] if check.why else []
             rows[name, target] = dict(sim=sim, vela=vela, within=within, count=count, outliers=outliers, why=whys,
-                                      seconds=time.perf_counter() - start)
-            r = rows[name, target]
+                                      traffic=traffic, seconds=time.perf_counter() - start)
+            t = {k: v / max(traffic["vela"], 1) for k, v in traffic.items()}
             print(f"  {name:18} {target:15} simulated {sim:>12,} Vela {vela:>12,}  {sim / max(vela, 1):6.3f}  "
-                  f"operations within 20%: {within:>4}/{count:<4}{'  ' + '; '.join(whys) if whys else ''}",
-                  flush=True)
+                  f"operations within 20%: {within:>4}/{count:<4} bytes: Vela {traffic['vela']:>11,} model "
+                  f"{t['model']:5.2f}x moved {t['moved']:5.2f}x{'  ' + '; '.join(whys) if whys else ''}", flush=True)
     return rows
 
 
@@ -60,6 +63,11 @@ def report(rows: dict) -> None:
             f"{o.name} {o.operator} {o.simulated:,} vs {o.vela:,} ({o.simulated_bound} vs Vela {o.vela_bound})"
             for o in worst))
     print(f"per operation within {100 * PER_OP:.0f}%: {within} of {count} ({100 * within / max(count, 1):.1f}%)")
+    close = [k for k, r in rows.items() if abs(r["traffic"]["model"] / max(r["traffic"]["vela"], 1) - 1) <= TRAFFIC]
+    print(f"memory traffic: the model's bytes within {100 * TRAFFIC:.0f}% of Vela's (its debug database's feature map, "
+          f"weight and scale bytes) for {len(close)} of {len(rows)} compiles; the bytes the simulation moved (the beat "
+          "counters) count each byte once, where Vela and the model count re-fetches per block and burst "
+          "inefficiency")
     kinds = collections.Counter()
     for r in rows.values():
         for o in r["outliers"]:

@@ -80,6 +80,13 @@ class ProgramProfile:
         cpu, npu = self.unit_us("CPU"), self.unit_us("NPU")
         out.append(f"Total: {self.total_us:.1f} us estimated: CPU {cpu:.1f} us ({100 * cpu / total:.0f}%), "
                    f"NPU {npu:.1f} us ({100 * npu / total:.0f}%)")
+        unestimated = [e for e in self.events if e.cycles is None]
+        if unestimated:
+            host = sum(e.duration_us for e in unestimated)
+            hint = ": a delegate is timed on the device only when the Ethos-U simulator runs it (--engine npu)" \
+                if any(e.unit == "NPU" for e in unestimated) else ""
+            out.append(f"  of which {host:.1f} us is the host's time for {len(unestimated)} call(s) with no estimate "
+                       f"({', '.join(dict.fromkeys(e.name for e in unestimated))}){hint}")
         counters = self.counters()
         if counters:
             out.append("NPU counters (beats: moved by the simulation; cycles: estimates): "

@@ -5,6 +5,7 @@ set beside Vela's figure for it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +46,19 @@ class TimingCheck:
     profile: NpuProfile
     operations: list[OpTiming] = field(default_factory=list)
     why: str | None = None
+    vela_traffic: dict[str, int] = field(default_factory=dict)  # bytes Vela charges each memory (its debug database)
+
+    @property
+    def model_traffic(self) -> dict[str, int]:
+        """Bytes the performance model charges each memory, over the stream."""
+        return _summed(op.traffic for op in self.profile.operations)
+
+    @property
+    def moved(self) -> dict[str, int]:
+        """Bytes the simulation moved to and from each memory (what the beat counters count)."""
+        by_port = _summed(op.moved for op in self.profile.operations)
+        names = {r.axi: r.name for r in self.profile.system.regions.values()}
+        return _summed({names.get(int(k[3]), k): v} for k, v in by_port.items())
 
     @property
     def ratio(self) -> float:
@@ -78,7 +92,31 @@ def check_timing(module, seed: int = 0, timed_in: list[str] | None = None) -> Ti
         check.why = "Vela compiled the TOSA again into another command stream than the payload's"
         return check
     check.operations = _per_operation(profile, records.tables)
+    check.vela_traffic = _vela_traffic(records.tables.get("perf_debug", []))
     return check
+
+
+def _summed(dicts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+_TRAFFIC = re.compile(r"^(\w+?)(FeatureMap|Weights|Scales)_(read|write)$")
+
+
+def _vela_traffic(rows: list[dict]) -> dict[str, int]:
+    """Bytes Vela's debug database charges each memory (feature maps, weights, scales; not the LUT), over the
+    operations."""
+    out: dict[str, int] = {}
+    for row in rows:
+        for key, value in row.items():
+            m = _TRAFFIC.match(key)
+            if m and value and m.group(1) not in ("lutram", "shram"):
+                out[m.group(1)] = out.get(m.group(1), 0) + int(float(value))
+    return out
 
 
 def _per_operation(profile: NpuProfile, tables: dict) -> list[OpTiming]:

@@ -35,12 +35,17 @@ class _Net(nn.Module):
 _compiled: dict = {}
 
 
-def _net(target: str):
-    if target not in _compiled:
+def _net(target: str, debug_info: bool = False):
+    """The net compiled once per test process for ``target`` (carrying its TOSA with ``debug_info``)."""
+    from tosakit.specs import EthosUCompileSpec
+
+    if (target, debug_info) not in _compiled:
         torch.manual_seed(0)
         inputs = (torch.randn(1, 8, 16, 16),)
-        _compiled[target] = (compile(_Net().eval(), inputs, target, quantize=True, calibration=[inputs]), inputs)
-    return _compiled[target]
+        spec = EthosUCompileSpec(target).with_debug_info(debug_info)
+        _compiled[target, debug_info] = (compile(_Net().eval(), inputs, spec, quantize=True, calibration=[inputs]),
+                                         inputs)
+    return _compiled[target, debug_info]
 
 
 def _delegates(compiled):
@@ -157,12 +162,8 @@ def test_profile_names_what_each_operation_computes_int(tmp_path, capsys):
     """A program carrying its TOSA (--debug-info): each NPU operation named by the TOSA operator and tensor Vela's
     operation map pairs it with."""
     from tosakit.cli import main
-    from tosakit.specs import EthosUCompileSpec
 
-    torch.manual_seed(0)
-    inputs = (torch.randn(1, 8, 16, 16),)
-    compiled = compile(_Net().eval(), inputs, EthosUCompileSpec("ethos-u55-128").with_debug_info(), quantize=True,
-                       calibration=[inputs])
+    compiled, _ = _net("ethos-u55-128", debug_info=True)
     pte = compiled.program.save(tmp_path / "net.pte")
     assert main(["run", str(pte), "--random", "--profile"]) == 0
     out = capsys.readouterr().out
@@ -181,3 +182,14 @@ def test_a_zoo_model_lands_near_velas_estimate(target):
     assert abs(check.ratio - 1) <= 0.10, (check.simulated, check.vela)
     assert len(check.within(0.20)) == len(check.operations) > 5, [
         (o.name, o.operator, o.simulated, o.vela) for o in check.operations if abs(o.ratio - 1) > 0.2]
+
+
+def test_profile_says_what_has_no_estimate_int(tmp_path, capsys):
+    """A delegate run from its TOSA has no device estimate: its host time stands in, and the total says so."""
+    from tosakit.cli import main
+
+    compiled, _ = _net("ethos-u55-128", debug_info=True)
+    pte = compiled.program.save(tmp_path / "net.pte")
+    assert main(["run", str(pte), "--random", "--engine", "tosa", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "EthosUBackend (run on tosa)" in out and "with no estimate" in out and "--engine npu" in out, out

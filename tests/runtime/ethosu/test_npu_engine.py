@@ -179,13 +179,13 @@ def test_the_run_deadline_reaches_the_simulator(programs, monkeypatch):
     seen = []
     real, real_child = execute.simulate, IsolatedReferenceModel.simulate
 
-    def spy(payload, inputs, accelerator=None, deadline=None):
+    def spy(payload, inputs, accelerator=None, deadline=None, **options):
         seen.append(deadline)
-        return real(payload, inputs, accelerator, deadline)
+        return real(payload, inputs, accelerator, deadline, **options)
 
-    def child_spy(self, payload, inputs, what):
+    def child_spy(self, payload, inputs, what, *options):
         seen.append(self.deadline)  # the child's simulator gets it with each request
-        return real_child(self, payload, inputs, what)
+        return real_child(self, payload, inputs, what, *options)
 
     monkeypatch.setattr(execute, "simulate", spy)
     monkeypatch.setattr(IsolatedReferenceModel, "simulate", child_spy)
@@ -220,9 +220,9 @@ def test_verify_reports_a_difference(programs, monkeypatch, capsys):
     real = IsolatedReferenceModel.simulate
 
     def off_by_one(*args):
-        outputs = real(*args)
+        outputs, profile = real(*args)
         outputs[0].reshape(-1)[3] ^= 1
-        return outputs
+        return outputs, profile
 
     monkeypatch.setattr(IsolatedReferenceModel, "simulate", off_by_one)
     code, out, err = _cli(capsys, "run", programs["u55"], "--random", "--verify")

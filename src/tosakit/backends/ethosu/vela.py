@@ -376,5 +376,5 @@ def compile_records(tosa: bytes, flags: list[str]) -> VelaRecords:
     opts = parse_vela_flags(list(flags) + ["--verbose-high-level-command-stream"])
     printed: list[str] = []
     model = _run_regor(bytes(tosa), opts, VelaConfig(opts), printed)
-    tables = {name: _table(model.opt_database, name) for name in ("queue", "optimised", "source", "perf")}
+    tables = {name: _table(model.opt_database, name) for name in ("queue", "optimised", "source", "perf", "perf_debug")}
     return VelaRecords(bytes(model.command_stream), printed[0], tables, _tosa_blocks(tosa))

@@ -33,8 +33,9 @@ def _ifm_block(npu: Npu, hw: Accelerator, depth_first: bool, ofm_block, k, ifm_b
     def extent(blk: int, stride: int, size: int, dilation: int) -> int:
         return _ceil((blk - 1) * stride + min((size - 1) * dilation + 1, 8) + rounding, factor)
 
-    h = _round_up(extent(ofm_block[0], k.sy, k.h, k.dy), ublock[0])
-    w = _round_up(extent(ofm_block[1], k.sx, k.w, k.dx), ublock[1])
+    unit = hw.ifm_ublock if hw.u85 else ublock  # U85 allocates IFM blocks in its IFM microblocks
+    h = _round_up(extent(ofm_block[0], k.sy, k.h, k.dy), unit[0])
+    w = _round_up(extent(ofm_block[1], k.sx, k.w, k.dx), unit[1])
     if not depth_first:
         return h, w, ofm_block[2]
     ic = npu.value("IFM_DEPTH_M1", "depth_m1") + 1

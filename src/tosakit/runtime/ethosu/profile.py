@@ -22,11 +22,11 @@ PMU_EVENTS = {
     "u85": ("SRAM_RD_DATA_BEAT_RECEIVED", "SRAM_WR_DATA_BEAT_WRITTEN", "EXT_RD_DATA_BEAT_RECEIVED",
             "EXT_WR_DATA_BEAT_WRITTEN", "NPU_IDLE", "MAC_ACTIVE", "WD_ACTIVE"),
 }
-ESTIMATED = ("NPU_ACTIVE", "NPU_IDLE", "MAC_ACTIVE", "WD_ACTIVE")  # counters that come from the model
 _UNTIMED = ("NPU_OP_DMA_WAIT", "NPU_OP_KERNEL_WAIT", "NPU_OP_STOP", "NPU_OP_IRQ", "NPU_OP_PMU_MASK")
 
 
 def events(hw: Accelerator) -> tuple[str, ...]:
+    """The event counters ExecuTorch's runner reads on ``hw``'s family."""
     return PMU_EVENTS["u85" if hw.u85 else "u55"]
 
 
@@ -34,7 +34,8 @@ def events(hw: Accelerator) -> tuple[str, ...]:
 class NpuOp:
     """One operation of the stream: its number among the stream's operations, command offset and name (CONV,
     DMA_START, ...), estimated start and cycles (from the stream's start), compute cycles, MACs, what bounds
-    it, its counters (``events``) and the bytes it moved per AXI port and direction."""
+    it, its counters (``events``), the bytes it moved per AXI port and direction, and the bytes the model charges
+    each memory (``traffic``: re-fetches and burst inefficiency included, as Vela counts them)."""
 
     index: int
     offset: int
@@ -46,6 +47,7 @@ class NpuOp:
     bound_by: str
     counters: dict[str, int]
     moved: dict[str, int]
+    traffic: dict[str, int] = field(default_factory=dict)
 
     @property
     def end(self) -> int:
@@ -86,9 +88,11 @@ class NpuProfile:
 
     def to_message(self) -> dict[str, np.ndarray]:
         """The profile as arrays (how the sandbox's child hands it back)."""
-        names = sorted({k for op in self.operations for k in (*op.counters, *op.moved)})
-        rows = [[op.index, op.offset, op.start, op.cycles, op.compute_cycles, op.macs]
-                + [op.counters.get(n, op.moved.get(n, -1)) for n in names] for op in self.operations]  # -1: absent
+        figures = [{**op.counters, **op.moved, **{f"traffic:{k}": v for k, v in op.traffic.items()}}
+                   for op in self.operations]
+        names = sorted({k for f in figures for k in f})
+        rows = [[op.index, op.offset, op.start, op.cycles, op.compute_cycles, op.macs] + [f.get(n, -1) for n in names]
+                for op, f in zip(self.operations, figures)]  # -1: absent
         return {"profile_rows": np.array(rows, np.int64).reshape(len(rows), 6 + len(names)),
                 "profile_names": np.array(names or [""]), "profile_ops": np.array(
                     [f"{op.operation}|{op.bound_by}" for op in self.operations] or [""]),
@@ -103,9 +107,10 @@ class NpuProfile:
             operation, bound = str(kind).split("|")
             values = {n: v for n, v in zip(names, row[6:]) if v >= 0}
             counters = {n: v for n, v in values.items() if n in PMU_EVENTS["u55"] + PMU_EVENTS["u85"]}
-            moved = {n: v for n, v in values.items() if n not in counters}
+            traffic = {n.removeprefix("traffic:"): v for n, v in values.items() if n.startswith("traffic:")}
+            moved = {n: v for n, v in values.items() if n not in counters and not n.startswith("traffic:")}
             profile.operations.append(NpuOp(row[0], row[1], operation, row[2], row[3], row[4], row[5], bound,
-                                            counters, moved))
+                                            counters, moved, traffic))
         return profile
 
 
@@ -133,19 +138,19 @@ class Profiler:
             cycles = self._dma(npu, moved)
             start = max(self.issue, self.dmas[-1] if self.dmas else 0)
             self.dmas.append(start + cycles)
-            self._record(command, name, start, cycles, 0, 0, "DMA", moved, {})
+            self._record(command, name, start, cycles, 0, 0, "DMA", moved, {}, self._dma_traffic(npu, moved))
             return
         cost = estimate(npu, command, self.hw, self.profile.system)
         if self.chain is not None and _reads_chain(npu):  # its time is its producer's: zero of its own
             self._join_chain(npu, cost)
-            self._record(command, name, self.chain.start, 0, 0, cost.macs, "chained", moved, {})
+            self._record(command, name, self.chain.start, 0, 0, cost.macs, "chained", moved, {}, {})
             if not npu.ofm_chained():
                 self.chain = None
             return
         start = max(self.issue, self.kernels[-1] if self.kernels else 0)
         self.kernels.append(start + cost.cycles)
         self._record(command, name, start, cost.cycles, cost.compute, cost.macs, cost.bound_by, moved,
-                     self._model_counters(cost))
+                     self._model_counters(cost), _per_memory(cost.traffic))
         self.chain = _Chain(len(self.profile.operations) - 1, start, command, dict(npu.regs.commands)) \
             if npu.ofm_chained() else None
 
@@ -165,16 +170,28 @@ class Profiler:
         first = self.profile.operations[chain.index]
         self.profile.operations[chain.index] = replace(
             first, cycles=group.cycles, compute_cycles=group.compute, bound_by=group.bound_by,
-            counters={**first.counters, **self._model_counters(group)})
+            counters={**first.counters, **self._model_counters(group)}, traffic=_per_memory(group.traffic))
         self.kernels[-1] = max(self.kernels[-1], chain.start + group.cycles)
 
     def _model_counters(self, cost) -> dict[str, int]:
         return {"MAC_ACTIVE": cost.mac, "WD_ACTIVE": cost.weight_decode} if self.hw.u85 else {}
 
-    def _record(self, command, name, start, cycles, compute, macs, bound, moved, extra) -> None:
+    def _record(self, command, name, start, cycles, compute, macs, bound, moved, extra, traffic) -> None:
         self.profile.operations.append(NpuOp(len(self.profile.operations), command.offset,
                                              name.removeprefix("NPU_OP_"), start, cycles, compute, macs, bound,
-                                             {**self._beats(moved), **extra}, moved))
+                                             {**self._beats(moved), **extra}, moved, traffic))
+
+    def _dma_traffic(self, npu, moved: dict[str, int]) -> dict[str, int]:
+        """A DMA's bytes: read from its source memory, written to its destination's (none into internal memory)."""
+        system, out = self.profile.system, {}
+        nbytes = sum(v for k, v in moved.items() if k.endswith("read"))
+        ends = [("SRC", npu.value("DMA0_SRC_REGION", "region"))]
+        if not npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
+            ends.append(("DST", npu.value("DMA0_DST_REGION", "region")))
+        for _, region in ends:
+            name = system.memory(region).name
+            out[name] = out.get(name, 0) + nbytes
+        return out
 
     def _moved(self, npu) -> dict[str, int]:
         """The bytes the operation moved, per AXI port and direction ("AXI0 read", ...)."""
@@ -210,6 +227,14 @@ class _Chain:
     registers: dict
     ao: float = 0.0
     traffic: list = field(default_factory=list)
+
+
+def _per_memory(traffic) -> dict[str, int]:
+    """A ``timing.Traffic``'s bytes summed per memory."""
+    out: dict[str, int] = {}
+    for (memory, _), nbytes in (traffic.bytes.items() if traffic is not None else ()):
+        out[memory] = out.get(memory, 0) + nbytes
+    return out
 
 
 def _reads_chain(npu) -> bool:
