@@ -193,3 +193,19 @@ def test_profile_says_what_has_no_estimate_int(tmp_path, capsys):
     assert main(["run", str(pte), "--random", "--engine", "tosa", "--profile"]) == 0
     out = capsys.readouterr().out
     assert "EthosUBackend (run on tosa)" in out and "with no estimate" in out and "--engine npu" in out, out
+
+
+# The built-in models the wider zoo's tests (tests/zoo) leave out; those check their counters there.
+OTHERS = ["add", "add3", "softmax", "digits", "waves", "mv2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OTHERS)
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u85-256"])
+def test_every_builtin_models_counters_are_its_bytes_moved(name, target):
+    """The rest of the built-in models (``_u55``/``_u85`` in the target): each operation's beats are its bytes."""
+    from tosakit.zoo import MODELS
+
+    module, inputs = MODELS[name].factory()
+    compiled = compile(module.eval(), inputs, target, quantize=True, calibration=[inputs])
+    assert assert_counters_exact(compiled.edge) > 0
