@@ -12,10 +12,16 @@ from .featuremap import FeatureMap
 from .hardware import Accelerator
 from .npu import Npu
 from .system import MemorySystem
-from .timing import Cost, Operand, Traffic, _ceil, _elements, _round_up, channel_bandwidth, output_cycles
+from .timing import Cost, Operand, Traffic, ceil_div, channel_bandwidth, output_cycles, round_up, volume
+
+
+def _ofm_block(npu: Npu) -> tuple[int, int, int]:
+    """The OFM block configuration the stream set (height, width, depth)."""
+    return tuple(npu.value(f"OFM_BLK_{a}_M1", f"{a.lower()}_m1") + 1 for a in ("HEIGHT", "WIDTH", "DEPTH"))
 
 
 def _ublock(npu: Npu, hw: Accelerator, kind: str, ofm, kernel_h: int) -> tuple[int, int, int]:
+    """The OFM microblock the operation computes in."""
     if hw.u85:
         return hw.ublock(npu.name("ACC_FORMAT", "microblock"))
     u = hw.ublock()
@@ -31,20 +37,20 @@ def _ifm_block(npu: Npu, hw: Accelerator, depth_first: bool, ofm_block, k, ifm_b
     factor, rounding = (1, 0) if upscale.endswith("NONE") else (2, 1 if upscale.endswith("NEAREST") else 0)
 
     def extent(blk: int, stride: int, size: int, dilation: int) -> int:
-        return _ceil((blk - 1) * stride + min((size - 1) * dilation + 1, 8) + rounding, factor)
+        return ceil_div((blk - 1) * stride + min((size - 1) * dilation + 1, 8) + rounding, factor)
 
     unit = hw.ifm_ublock if hw.u85 else ublock  # U85 allocates IFM blocks in its IFM microblocks
-    h = _round_up(extent(ofm_block[0], k.sy, k.h, k.dy), unit[0])
-    w = _round_up(extent(ofm_block[1], k.sx, k.w, k.dx), unit[1])
+    h = round_up(extent(ofm_block[0], k.sy, k.h, k.dy), unit[0])
+    w = round_up(extent(ofm_block[1], k.sx, k.w, k.dx), unit[1])
     if not depth_first:
         return h, w, ofm_block[2]
     ic = npu.value("IFM_DEPTH_M1", "depth_m1") + 1
     if hw.u85:
         depth = 16 if part_kernel else 32 if ifm_bits == 32 or (hw.macs in (128, 256) and ublock[2] == 16) else 64
     elif ifm_bits == 8:
-        depth = _round_up(min(ic, 16 if part_kernel else 32), 8)
+        depth = round_up(min(ic, 16 if part_kernel else 32), 8)
     else:
-        depth = _round_up(min(ic, 16), 4)
+        depth = round_up(min(ic, 16), 4)
     return h, w, depth
 
 
@@ -68,11 +74,11 @@ def _mac_block_cycles(hw, kind, depth_first, nu, ifm_block_c, ifm_bits, part_ker
             steps = 1
             cycles = max(4, e) * nu[0] * nu[1] * nu[2] * (1 if hw.macs == 32 and not hw.u85 else ifm_bits // 2)
         elif kind == "NPU_OP_DEPTHWISE":
-            steps = _ceil(e, 4)
+            steps = ceil_div(e, 4)
             cycles = max(wb, 4 * nu[0] * nu[1] * ifm_bits // 8) * steps * nu[2]
         elif part_kernel:
-            steps = _ceil(e, 2 if ifm_bits == 16 else 4)
-            cycles = max(wb, 4 * nu[0] * nu[1]) * steps * nu[2] * _ceil(ifm_block_c, 8) // (2 if sparse else 1)
+            steps = ceil_div(e, 2 if ifm_bits == 16 else 4)
+            cycles = max(wb, 4 * nu[0] * nu[1]) * steps * nu[2] * ceil_div(ifm_block_c, 8) // (2 if sparse else 1)
         else:
             steps = e
             if hw.u85:
@@ -83,10 +89,10 @@ def _mac_block_cycles(hw, kind, depth_first, nu, ifm_block_c, ifm_bits, part_ker
         if nu[0] * nu[1] == 1:
             delay = d * steps if nu[2] == 1 else d * (steps - 1) * nu[2] if steps > 1 else 0
         if part_kernel:
-            delay *= _ceil(ifm_block_c, 8)
+            delay *= ceil_div(ifm_block_c, 8)
         total += cycles + delay
     if depth_first:
-        total *= _ceil(ifm_c, ifm_block_c)
+        total *= ceil_div(ifm_c, ifm_block_c)
     return total if hw.u85 else total // hw.cores
 
 
@@ -118,7 +124,7 @@ def _data_move(npu: Npu, hw: Accelerator, system: MemorySystem) -> Cost:
     shape = npu.ofm_shape()
     ifm = Operand.of(FeatureMap.of(npu.regs, "IFM"), shape, system)
     ofm = Operand.of(FeatureMap.of(npu.regs, "OFM"), shape, system)
-    read, written = _elements(shape) * ifm.bits // 8, _elements(shape) * ofm.bits // 8
+    read, written = volume(shape) * ifm.bits // 8, volume(shape) * ofm.bits // 8
     compute = max(int(read / ifm.memory.bandwidth) + ifm.memory.read_latency,
                   int(written / ofm.memory.bandwidth) + ofm.memory.write_latency)
     traffic = Traffic(hw)
@@ -147,21 +153,20 @@ def _mac_op(npu: Npu, command, hw: Accelerator, system: MemorySystem, chained_ao
     chained = npu.ofm_chained()
     part_kernel = npu.name("KERNEL_STRIDE", "weight_order").endswith("PART_KERNEL_FIRST") and kind == "NPU_OP_CONV"
     acc_wide = npu.name("ACC_FORMAT", "acc_format").endswith(("I40", "I48"))
-    config = tuple(npu.value(f"OFM_BLK_{a}_M1", f"{b}_m1") + 1 for a, b in
-                   (("HEIGHT", "height"), ("WIDTH", "width"), ("DEPTH", "depth")))
+    config = _ofm_block(npu)
     block = tuple(min(s, c) for s, c in zip(ofm_shape, config))
     ublock = _ublock(npu, hw, kind, ofm_shape, k.h)
     ifm_config = _ifm_block(npu, hw, depth_first, config, k, ifm.bits, part_kernel, ublock,
                             npu.name("IFM_UPSCALE", "mode"))
     ifm_block = tuple(min(s, c) for s, c in zip(ifm.shape, ifm_config))
-    nu = tuple(_ceil(b, u) for b, u in zip(block, ublock)) + (ublock[2],)
+    nu = tuple(ceil_div(b, u) for b, u in zip(block, ublock)) + (ublock[2],)
     sparse = hw.u85 and kind == "NPU_OP_CONV" and npu.name("WEIGHT_FORMAT", "weight_sparsity").endswith("2_4")
     stage = (hw, kind, depth_first, nu, ifm_block[2], ifm.bits, part_kernel, acc_wide, k, ifm.shape[2], sparse)
     mac_blk, busy = _mac_block_cycles(*stage), _mac_block_cycles(*stage, weight_fetch=False)
-    blocks = _elements(_ceil(s, u) for s, u in zip(ofm_shape, ublock)) / _elements(nu[:3])
+    blocks = volume(ceil_div(s, u) for s, u in zip(ofm_shape, ublock)) / volume(nu[:3])
     ao = output_cycles(hw, kind, mode, ifm.bits, ofm.bits, False, acc_wide, npu.name("ACTIVATION",
                        "activation_function"), chained, _transposed(npu))
-    ao_blk = math.ceil((ao + chained_ao) * _elements(block))
+    ao_blk = math.ceil((ao + chained_ao) * volume(block))
     weights = system.memory(npu.value("WEIGHT_REGION", "region"))
     if kind in ("NPU_OP_CONV", "NPU_OP_DEPTHWISE") and not matmul:
         ao_blk = max(ao_blk, 10 * block[2] * weights.read_latency // 256)
@@ -172,7 +177,7 @@ def _mac_op(npu: Npu, command, hw: Accelerator, system: MemorySystem, chained_ao
     b_mac, b_ao = max(mac_blk, issue), max(ao_blk, issue)
     total = int(b_mac * blocks) + b_ao if b_mac > b_ao else b_ao * blocks + b_mac
     cost = Cost(int(total + ofm_cycles + ifm_cycles), int(busy * blocks), ao=ao)
-    cost.macs = k.h * k.w * _elements(ofm_shape) * (ifm_c if depth_first else 1) // (2 if sparse else 1)
+    cost.macs = k.h * k.w * volume(ofm_shape) * (ifm_c if depth_first else 1) // (2 if sparse else 1)
     cost.traffic, cost.weight_decode = _mac_traffic(npu, hw, system, kind, matmul, ofm_shape, block, ifm, ofm,
                                                    ifm_config, ifm_block, config, k, chained, cost.macs)
     return cost
@@ -196,12 +201,12 @@ def _mac_traffic(npu, hw, system, kind, matmul, ofm_shape, block, ifm, ofm, ifm_
                  chained, macs) -> tuple[Traffic, int]:
     """The bytes a MAC operation moves, and the weight decoder's cycles (U85)."""
     traffic = Traffic(hw)
-    blocks = [_ceil(s, b) for s, b in zip(ofm_shape, block)]
+    blocks = [ceil_div(s, b) for s, b in zip(ofm_shape, block)]
     if kind != "NPU_OP_CONV":  # depthwise and pooling: each block reads its own channels
         blocks[2] = 1
-    sub = _ceil(k.w, 8) * _ceil(k.h, 8)
+    sub = ceil_div(k.w, 8) * ceil_div(k.h, 8)
     fetch = ifm.stored_elements((ifm_block[0], ifm_block[1], ifm.shape[2]))
-    ifm_read = fetch * sub * _elements(blocks)
+    ifm_read = fetch * sub * volume(blocks)
     traffic.add(ifm.memory, "ifm", ifm.effective_bytes(ifm_read, ifm_config, False, hw.burst_cores))
     if matmul:
         ifm2 = Operand.of(FeatureMap.of(npu.regs, "IFM2"), (ofm_shape[0], ofm_shape[2], ifm.shape[2]), system)
@@ -243,8 +248,7 @@ def _elementwise(npu: Npu, command, hw: Accelerator, system: MemorySystem, chain
     ifm, ofm = Operand.of(ifm_fm, ofm_shape, system), Operand.of(ofm_fm, ofm_shape, system)
     binary = kind == "NPU_OP_ELEMENTWISE" and mode not in ("ABS", "CLZ", "LRELU")
     scalar = binary and _scalar_ifm2(npu)
-    config = tuple(npu.value(f"OFM_BLK_{a}_M1", f"{b}_m1") + 1 for a, b in
-                   (("HEIGHT", "height"), ("WIDTH", "width"), ("DEPTH", "depth")))
+    config = _ofm_block(npu)
     ao = output_cycles(hw, kind, mode, ifm.bits, ofm.bits, binary, False,
                        npu.name("ACTIVATION", "activation_function"), npu.ofm_chained(), _transposed(npu))
     elements = ofm.stored_elements()
@@ -253,7 +257,7 @@ def _elementwise(npu: Npu, command, hw: Accelerator, system: MemorySystem, chain
         operands.append(Operand.of(FeatureMap.of(npu.regs, "IFM2"), _ifm2_shape(npu, ofm_shape), system))
     block_cycles = max(ofm.block_cycles(config, True, hw.burst_cores),
                        *(o.block_cycles(config, False, hw.burst_cores) for o in operands))
-    per_element = (block_cycles / _elements(config) + ao + chained_ao) / 4
+    per_element = (block_cycles / volume(config) + ao + chained_ao) / 4
     cost = Cost(max(math.ceil(per_element * elements), math.ceil((ao + chained_ao) * elements)), ao=ao)
     traffic = Traffic(hw)
     for o in operands:  # Ethos-U55/U65 read each IFM over the OFM's extent, rounded as the IFM is stored

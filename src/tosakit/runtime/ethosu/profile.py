@@ -67,10 +67,6 @@ class NpuProfile:
         """The NPU's cycle counter for the stream: from its start to the end of its last operation."""
         return max((op.end for op in self.operations), default=0)
 
-    @property
-    def milliseconds(self) -> float:
-        return 1e3 * self.total_cycles / self.system.clock_hz
-
     def counters(self) -> dict[str, int]:
         """The stream's counters: the cycle counter (NPU_ACTIVE), then each event's total; NPU_IDLE the cycles
         in which neither the compute engine nor the DMA works."""
@@ -135,10 +131,10 @@ class Profiler:
             return
         moved = self._moved(npu)
         if name == "NPU_OP_DMA_START":
-            cycles = self._dma(npu, moved)
+            cycles, traffic = self._dma(npu, moved)
             start = max(self.issue, self.dmas[-1] if self.dmas else 0)
             self.dmas.append(start + cycles)
-            self._record(command, name, start, cycles, 0, 0, "DMA", moved, {}, self._dma_traffic(npu, moved))
+            self._record(command, name, start, cycles, 0, 0, "DMA", moved, {}, traffic)
             return
         cost = estimate(npu, command, self.hw, self.profile.system)
         if self.chain is not None and _reads_chain(npu):  # its time is its producer's: zero of its own
@@ -181,18 +177,6 @@ class Profiler:
                                              name.removeprefix("NPU_OP_"), start, cycles, compute, macs, bound,
                                              {**self._beats(moved), **extra}, moved, traffic))
 
-    def _dma_traffic(self, npu, moved: dict[str, int]) -> dict[str, int]:
-        """A DMA's bytes: read from its source memory, written to its destination's (none into internal memory)."""
-        system, out = self.profile.system, {}
-        nbytes = sum(v for k, v in moved.items() if k.endswith("read"))
-        ends = [("SRC", npu.value("DMA0_SRC_REGION", "region"))]
-        if not npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL"):
-            ends.append(("DST", npu.value("DMA0_DST_REGION", "region")))
-        for _, region in ends:
-            name = system.memory(region).name
-            out[name] = out.get(name, 0) + nbytes
-        return out
-
     def _moved(self, npu) -> dict[str, int]:
         """The bytes the operation moved, per AXI port and direction ("AXI0 read", ...)."""
         out: dict[str, int] = {}
@@ -207,13 +191,18 @@ class Profiler:
             {"AXI0 read": 0, "AXI0 write": 1, "AXI1 read": 2, "AXI1 write": 3}
         return {events(self.hw)[i]: -(-moved.get(key, 0) // beat) for key, i in names.items()}
 
-    def _dma(self, npu, moved: dict[str, int]) -> int:
+    def _dma(self, npu, moved: dict[str, int]) -> tuple[int, dict[str, int]]:
+        """A DMA's cycles, and its bytes per memory: read from its source, written to its destination (none into
+        internal memory)."""
         system = self.profile.system
         src = system.memory(npu.value("DMA0_SRC_REGION", "region"))
         internal = npu.name("DMA0_DST_REGION", "region_mode").endswith("INTERNAL")
         dst = None if internal else system.memory(npu.value("DMA0_DST_REGION", "region"))
         nbytes = sum(v for k, v in moved.items() if k.endswith("read"))
-        return transfer_cycles(self.hw, src, dst, nbytes)
+        traffic = {src.name: nbytes}
+        if dst is not None:
+            traffic[dst.name] = traffic.get(dst.name, 0) + nbytes
+        return transfer_cycles(self.hw, src, dst, nbytes), traffic
 
 
 @dataclass
@@ -238,8 +227,9 @@ def _per_memory(traffic) -> dict[str, int]:
 
 
 def _reads_chain(npu) -> bool:
-    return any(npu.name(f"{fm}_PRECISION", "activation_storage").endswith("CHAINED") for fm in ("IFM", "IFM2")) \
-        if npu.u85 else False
+    """Whether the operation reads an IFM from a chain buffer (Ethos-U85)."""
+    return npu.u85 and any(npu.name(f"{fm}_PRECISION", "activation_storage").endswith("CHAINED")
+                           for fm in ("IFM", "IFM2"))
 
 
 def _outstanding_until(ends: list[int], allowed: int) -> int:

@@ -44,15 +44,18 @@ class Cost:
         return max(sides, key=sides.get)
 
 
-def _ceil(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up."""
     return -(-a // b)
 
 
-def _round_up(a: int, b: int) -> int:
-    return _ceil(a, b) * b
+def round_up(a: int, b: int) -> int:
+    """a rounded up to a multiple of b."""
+    return ceil_div(a, b) * b
 
 
-def _elements(shape) -> int:
+def volume(shape) -> int:
+    """Elements of ``shape``."""
     return math.prod(shape)
 
 
@@ -72,7 +75,7 @@ class Operand:
     def stored_elements(self, shape=None) -> int:
         """Elements of ``shape`` (default: the whole map) as stored: NHCWB16 rounds the depth up to 16."""
         h, w, c = shape or self.shape
-        return h * w * (_round_up(c, 16) if self.brick else c)
+        return h * w * (round_up(c, 16) if self.brick else c)
 
     def effective_bytes(self, elements: int, block: tuple[int, int, int], write: bool, cores: int) -> int:
         """Bytes ``elements`` cost on the bus: their bytes scaled by the memory's burst over the burst a ``block``
@@ -95,7 +98,7 @@ class Operand:
         """Cycles to read (or write) one block of this map: latency plus its bytes at the memory's bandwidth."""
         clipped = tuple(min(s, k) for s, k in zip(self.shape, block))
         latency = self.memory.write_latency if write else self.memory.read_latency
-        return latency + int(self.effective_bytes(_elements(clipped), block, write, cores) / self.memory.bandwidth)
+        return latency + int(self.effective_bytes(volume(clipped), block, write, cores) / self.memory.bandwidth)
 
 
 class Traffic:
