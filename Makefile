@@ -14,14 +14,14 @@ STAMP := $(VENV)/.tosakit-installed
 ORACLE_STAMP := $(ORACLE)/.oracle-installed
 PYTEST_ARGS ?= -n 2 --dist worksteal
 
-.PHONY: demo test test-any-machine setup oracle bench fuzz clean vulkan
+.PHONY: demo test test-any-machine setup oracle bench fuzz clean vulkan browser
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[test,models,cluster]'
-	@$(MAKE) --no-print-directory vulkan
+	$(VENV)/bin/pip install $(PIP_QUIET) -e '.[test,models,cluster,explore]'
+	@$(MAKE) --no-print-directory vulkan browser
 	@touch $@
 
 # The VGF engine's two Debian packages (the Vulkan loader, Mesa's software driver): installed when root (CI is),
@@ -35,6 +35,16 @@ vulkan:
 		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends $(VULKAN_PACKAGES) >/dev/null; } || \
 		echo "could not install $(VULKAN_PACKAGES): the VGF engine stays off (tosakit doctor)"; \
 	else echo "the VGF engine (tosakit run --engine vgf) needs: sudo apt-get install $(VULKAN_PACKAGES)"; fi
+
+# Debian's Chromium, in which the tests render `tosakit inspect --explore`'s Model Explorer page (Playwright drives
+# it; WebGL on its SwiftShader): installed when root, else one line says the command.
+browser:
+	@if [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+		echo "could not install chromium: the Model Explorer rendering test fails (as root)"; \
+	else echo "the Model Explorer rendering test needs: sudo apt-get install chromium"; fi
 
 oracle: $(ORACLE_STAMP)
 

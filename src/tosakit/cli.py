@@ -198,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--cpu", default="cortex-m55", choices=list(CORTEX_M_ISA), metavar="CORE",
                    help="the Cortex-M core the CPU kernels' cycles are estimated for (default cortex-m55): "
                         + ", ".join(CORTEX_M_ISA))
+    i.add_argument("--explore", action="store_true",
+                   help="open the program in Google's Model Explorer (its graph, each Ethos-U delegate's TOSA through "
+                        "Arm's adapter) with placement, estimated time and the NPU's counters per node, from one "
+                        "profiled run on seeded random inputs; serves until Ctrl+C")
+    i.add_argument("--explore-dir", metavar="DIR",
+                   help="where --explore writes the files Model Explorer reads (default <program>_explore)")
+    i.add_argument("--port", type=int, help="--explore's server port on 127.0.0.1 (default: a free one)")
     _add_limits(i)
     i.set_defaults(func=cmd_inspect)
     a = sub.add_parser("accuracy", help="quantization accuracy of a trained model: float vs fake-quant vs program")

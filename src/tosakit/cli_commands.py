@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -144,7 +145,8 @@ def _report_profile(program, steps, args) -> None:
     """--profile's table, --trace's file."""
     from .runtime.profile import program_profile
 
-    profile = program_profile(program.plan(), steps, labels=_operation_labels(program, steps))
+    maps = _operation_maps(program, steps)
+    profile = program_profile(program.plan(), steps, labels=_labels(maps))
     if args.profile:
         print("\n".join(profile.lines()))
     if args.trace:
@@ -152,20 +154,24 @@ def _report_profile(program, steps, args) -> None:
         print(f"wrote {args.trace} (a Chrome/Perfetto trace, estimated device time)")
 
 
-def _operation_labels(program, steps) -> dict[int, dict[int, str]]:
-    """Per simulated delegate that carries its TOSA (compiled with --debug-info): what each NPU operation computes
-    ("CONV2D -> tensor"), from Vela's operation map of that TOSA (Vela runs again); the others by command index."""
+def _operation_maps(program, steps) -> dict:
+    """Per simulated delegate that carries its TOSA (compiled with --debug-info): its TOSA and what each NPU
+    operation computes, from Vela's operation map of that TOSA (Vela runs again)."""
     from .runtime.ethosu.system import compile_flags
     from .verify.operation_map import operation_map
 
-    layout, labels = program.layouts["forward"], {}
+    layout, maps = program.layouts["forward"], {}
     for index in {s.delegate for s in steps if s.npu is not None}:
         if index in layout.delegate_tosa and index in layout.delegate_npu:
-            delegate = program.plan().delegates[index]
-            mapping = operation_map(layout.delegate_tosa[index][0], compile_flags(delegate.compile_specs),
-                                    layout.delegate_npu[index].cmd_data)
-            labels[index] = {op.offset: f"{op.tosa_op} -> {op.ofm}" for op in mapping.operations}
-    return labels
+            delegate, tosa = program.plan().delegates[index], layout.delegate_tosa[index][0]
+            maps[index] = (tosa, operation_map(tosa, compile_flags(delegate.compile_specs),
+                                               layout.delegate_npu[index].cmd_data))
+    return maps
+
+
+def _labels(maps: dict) -> dict[int, dict[int, str]]:
+    """Per delegate, what each NPU operation computes ("CONV2D -> tensor"), by its command offset."""
+    return {k: {op.offset: f"{op.tosa_op} -> {op.ofm}" for op in m.operations} for k, (_, m) in maps.items()}
 
 
 def _limits(args):
@@ -245,7 +251,44 @@ def cmd_inspect(args) -> int:
     print(describe(program, Path(args.pte).stat().st_size, args.cpu))
     if args.commands:
         print(command_listing(program))
+    if args.explore:
+        return _explore(program, args)
     return 0
+
+
+def _explore(program, args) -> int:
+    """--explore: one profiled run on seeded random inputs, written as Model Explorer's files, then its server
+    on them until Ctrl+C."""
+    from .runtime.io import random_inputs
+    from .runtime.profile import program_profile
+    from .verify.explore import check_explorer, free_port, serve, write_exploration
+
+    check_explorer()
+    stem = Path(args.pte).stem
+    folder = Path(args.explore_dir or f"{stem}_explore")
+    inputs = random_inputs([(s.dtype, s.shape) for s in program.input_specs()], seed=0)
+    _, steps = program.run_profiled(inputs)
+    maps = _operation_maps(program, steps)
+    profile = program_profile(program.plan(), steps, args.cpu, _labels(maps))
+    exploration = write_exploration(folder, stem, program.plan(), profile, maps)
+    print(f"wrote {folder}: the program's graph, {len(exploration.models) - 1} delegate TOSA graph(s), "
+          f"{len(exploration.overlays)} overlay(s) (one profiled run on seeded random inputs; times are estimates)")
+    host, port = "127.0.0.1", args.port or free_port("127.0.0.1")
+    server = serve(host, port)
+    signal.signal(signal.SIGTERM, _interrupted)  # stopped by another process: its server stops too
+    print(f"Model Explorer: {exploration.url(host, port)}", flush=True)
+    print("Ctrl+C stops it", flush=True)
+    try:
+        return server.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _is_bundled_file(path: str) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
+from torch import nn
 
 
 def npu_inputs(payload, seed: int, tosa: bytes | None = None) -> list[np.ndarray]:
@@ -161,3 +163,19 @@ def assert_counters_exact(edge) -> int:
             assert got == want, f"operation {k} ({op.operation} at {op.offset:#x}): counters {got}, bytes moved {want}"
             checked += 1
     return checked
+
+
+class NpuWorkNet(nn.Module):
+    """Convolution, depthwise, pooling, a residual add, a fully connected layer: each kind of NPU work (the boundary
+    quantize/dequantize stay on the CPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        y = y + self.dw(y)
+        return self.fc(torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))

@@ -8,28 +8,12 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
-from support.npu import assert_counters_exact
+from support.npu import NpuWorkNet, assert_counters_exact
 from tosakit.flow import compile
 from tosakit.runtime.ethosu.hardware import ACCELERATORS
 from tosakit.runtime.ethosu.system import memory_system
 from tosakit.verify.timing import check_timing
-
-
-class _Net(nn.Module):
-    """Convolution, depthwise, pooling, a residual add, a fully connected layer: each kind of NPU work."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(8, 16, 3, padding=1)
-        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
-        self.fc = nn.Linear(16, 10)
-
-    def forward(self, x):
-        y = torch.relu(self.conv(x))
-        y = y + self.dw(y)
-        return self.fc(torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
 
 
 _compiled: dict = {}
@@ -43,7 +27,7 @@ def _net(target: str, debug_info: bool = False):
         torch.manual_seed(0)
         inputs = (torch.randn(1, 8, 16, 16),)
         spec = EthosUCompileSpec(target).with_debug_info(debug_info)
-        _compiled[target, debug_info] = (compile(_Net().eval(), inputs, spec, quantize=True, calibration=[inputs]),
+        _compiled[target, debug_info] = (compile(NpuWorkNet().eval(), inputs, spec, quantize=True, calibration=[inputs]),
                                          inputs)
     return _compiled[target, debug_info]
 
