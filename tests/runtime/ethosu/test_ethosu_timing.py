@@ -193,3 +193,25 @@ def test_every_builtin_models_counters_are_its_bytes_moved(name, target):
     module, inputs = MODELS[name].factory()
     compiled = compile(module.eval(), inputs, target, quantize=True, calibration=[inputs])
     assert assert_counters_exact(compiled.edge) > 0
+
+
+@pytest.mark.parametrize("target", ["ethos-u55-128", "ethos-u65-256"])
+def test_softmax_operations_land_on_velas_u55(target):
+    """Softmax (``_u55``, and on the Ethos-U65): its REDUCE_SUM (a 1x1 pooling to depth 1 that sums, not a data move)
+    and its subtraction of an int32 scalar read from flash (read once, rounded as IFM1 is stored) as Vela estimates
+    them; the one operation apart is the one that waits on its LUT's DMA from flash on the Ethos-U55 (Vela's estimate
+    leaves that transfer out), and only by that DMA's cycles."""
+    from tosakit.zoo import MODELS
+
+    module, inputs = MODELS["softmax"].factory()
+    compiled = compile(module.eval(), inputs, target, quantize=True, calibration=[inputs])
+    [check] = [check_timing(d) for d in _delegates(compiled)]
+    assert {o.operator for o in check.operations} >= {"ReduceSum", "Sub"}
+    apart = [o for o in check.operations if o not in check.within(0.01)]
+    [dma] = [op for op in check.profile.operations if op.operation == "DMA_START"]
+    if target == "ethos-u65-256":  # its LUT DMA overlaps the operation before
+        assert apart == [] and check.simulated == check.vela
+    else:
+        [(lut_op, vela)] = [(o.simulated, o.vela) for o in apart]
+        before = check.profile.operations[0].cycles  # the DMA runs beside the operation before it
+        assert lut_op - vela == dma.cycles - before

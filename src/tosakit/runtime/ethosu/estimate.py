@@ -103,7 +103,7 @@ def estimate(npu: Npu, command, hw: Accelerator, system: MemorySystem, chained_a
     """The estimate of the operation ``command`` (run already: its registers are set); ``chained_ao``: the output
     cycles per element of the operations chained after it (Ethos-U85), which its output stage runs too."""
     kind = command.register.name
-    if kind == "NPU_OP_POOL" and not hw.u85 and _moves_data(npu):
+    if kind == "NPU_OP_POOL" and not hw.u85 and _moves_data(npu, _mode(command)):
         return _data_move(npu, hw, system)
     if kind in MAC_KINDS:
         return _mac_op(npu, command, hw, system, chained_ao)
@@ -112,10 +112,12 @@ def estimate(npu: Npu, command, hw: Accelerator, system: MemorySystem, chained_a
     return Cost()
 
 
-def _moves_data(npu: Npu) -> bool:
-    """A 1x1 pooling of a depth-1 map: how Vela moves data on Ethos-U55/U65 (a TRANSPOSE, a strided copy)."""
+def _moves_data(npu: Npu, mode: str) -> bool:
+    """A 1x1 pooling to a depth-1 map: how Vela moves data on Ethos-U55/U65 (a TRANSPOSE, a strided copy), unless
+    it is a REDUCE_SUM of a deeper IFM (a softmax's sum)."""
     k = npu.kernel()
-    return k.h == k.w == 1 and npu.value("OFM_DEPTH_M1", "depth_m1") == 0
+    deeper = mode == "REDUCE_SUM" and npu.value("IFM_DEPTH_M1", "depth_m1") > 0
+    return k.h == k.w == 1 and npu.value("OFM_DEPTH_M1", "depth_m1") == 0 and not deeper
 
 
 def _data_move(npu: Npu, hw: Accelerator, system: MemorySystem) -> Cost:
@@ -253,15 +255,19 @@ def _elementwise(npu: Npu, command, hw: Accelerator, system: MemorySystem, chain
                        npu.name("ACTIVATION", "activation_function"), npu.ofm_chained(), _transposed(npu))
     elements = ofm.stored_elements()
     operands = [ifm]
+    reads = [ifm.stored_elements() if hw.u85 else ifm.stored_elements(ofm_shape)]
     if binary and not scalar:
-        operands.append(Operand.of(FeatureMap.of(npu.regs, "IFM2"), _ifm2_shape(npu, ofm_shape), system))
+        ifm2_shape = _ifm2_shape(npu, ofm_shape)
+        operands.append(Operand.of(FeatureMap.of(npu.regs, "IFM2"), ifm2_shape, system))
+        # Ethos-U55/U65 read IFM2 over the OFM's extent too, but a one-element IFM2 once, rounded as IFM1 is stored
+        reads.append(operands[-1].stored_elements() if hw.u85 else
+                     ifm.stored_elements(ifm2_shape if volume(ifm2_shape) == 1 else ofm_shape))
     block_cycles = max(ofm.block_cycles(config, True, hw.burst_cores),
                        *(o.block_cycles(config, False, hw.burst_cores) for o in operands))
     per_element = (block_cycles / volume(config) + ao + chained_ao) / 4
     cost = Cost(max(math.ceil(per_element * elements), math.ceil((ao + chained_ao) * elements)), ao=ao)
     traffic = Traffic(hw)
-    for o in operands:  # Ethos-U55/U65 read each IFM over the OFM's extent, rounded as the IFM is stored
-        count = o.stored_elements() if hw.u85 else ifm.stored_elements(ofm_shape)
+    for o, count in zip(operands, reads):  # Ethos-U55/U65: over the OFM's extent, rounded as IFM1 is stored
         traffic.add(o.memory, "ifm_stream", o.effective_bytes(count, config, False, hw.burst_cores))
     if not npu.ofm_chained():
         traffic.add(ofm.memory, "write", ofm.effective_bytes(elements, config, True, hw.burst_cores))
