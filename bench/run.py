@@ -244,15 +244,14 @@ def zoo(args) -> None:
 
 def llm(args) -> None:
     """SmolLM2-135M's shape (random weights) on ethos-u85-256 as ExecuTorch's Arm backend tests it
-    (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB), int8, with a 64-position KV cache updated in place (int8 state
-    shared by the program's two methods): a 32-token prefill method and a one-token decode method, compiled and
-    written; prefill and 8 decode steps run from the .pte on the host (the command streams simulated) against
-    the fake-quantized models; cycles per call and per decode token, the memory each needs."""
+    (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB), int8 then a8w4 (4-bit weights), with a 64-position KV cache
+    updated in place (int8 state shared by the program's two methods): a 32-token prefill method and a one-token
+    decode method, compiled and written; prefill and 8 decode steps run from the .pte on the host (the command
+    streams simulated) against the fake-quantized models; cycles per call and per decode token beside the DRAM's
+    weight-streaming bound, the memory each needs."""
     import torch
 
-    from tosakit.generate import compile_decoder, generate
-    from tosakit.runtime import Limits, load
-    from tosakit.runtime.pools import runner_memory
+    from tosakit.quantize.config import SCHEMES
     from tosakit.specs import EthosUCompileSpec
     from tosakit.zoo.field import hf_decoder
 
@@ -261,11 +260,26 @@ def llm(args) -> None:
                            dtype=torch.int32)
     spec = EthosUCompileSpec("ethos-u85-256", system_config="Ethos_U85_SYS_DRAM_Mid",
                              memory_mode="Dedicated_Sram_384KB")
+    decode = {scheme: _llm_scheme(scheme, SCHEMES[scheme](), model, prompt, spec, steps)
+              for scheme in ("int8", "a8w4")}
+    print(f"decode with 4-bit weights: {decode['a8w4'] / decode['int8']:.3f}x the int8 decode's cycles")
+
+
+def _llm_scheme(scheme: str, config, model, prompt, spec, steps: int) -> int:
+    """One scheme of the llm bench: compiled, its figures and its generation printed; its decode cycles."""
+    from tosakit.generate import compile_decoder, generate
+    from tosakit.runtime import Limits, load
+    from tosakit.runtime.ethosu.hardware import ACCELERATORS
+    from tosakit.runtime.ethosu.system import compile_flags, memory_system
+    from tosakit.runtime.ethosu.timing import channel_bandwidth
+    from tosakit.runtime.pools import runner_memory
+
     start = time.perf_counter()
-    (OUT / "llm").mkdir(parents=True, exist_ok=True)
-    programs = compile_decoder(model, prompt, spec, OUT / "llm", steps=steps)
+    folder = OUT / "llm" / scheme
+    folder.mkdir(parents=True, exist_ok=True)
+    programs = compile_decoder(model, prompt, spec, folder, steps=steps, config=config)
     seconds = time.perf_counter() - start
-    print(f"SmolLM2-135M shape, int8, ethos-u85-256 Dedicated_Sram_384KB: prefill {prompt.shape[1]} tokens, "
+    print(f"SmolLM2-135M shape, {scheme}, ethos-u85-256 Dedicated_Sram_384KB: prefill {prompt.shape[1]} tokens, "
           f"decode 1 token, KV cache {model.config.max_positions} positions; both compiled in {seconds:.0f} s")
     for which in ("prefill", "decode"):
         compiled = getattr(programs, which)
@@ -286,6 +300,18 @@ def llm(args) -> None:
               f"{_state_bytes(loaded.plan(programs.methods[which])) / 1024:.0f} KiB; runner method pool "
               f"{pools.runner_method_pool / 1024:.0f} KiB, temp pool {pools.temp_pool / 2**20:.2f} MiB")
     print("  " + _stored_once(programs))
+    weights = sum(d.report.weights_encoded_bytes for d in programs.decode.edge.delegates)
+    hw = ACCELERATORS[spec.target_name]
+    dram = next(p for p in memory_system(compile_flags(spec.to_list()), hw).regions.values() if p.name == "Dram")
+    bound = weights / dram.bandwidth
+    channel = channel_bandwidth(hw, dram, "fast_weight")
+    one_channel = weights / channel
+    cycles = programs.cycles("decode")
+    print(f"  decode: {cycles:,} cycles = {cycles / bound:.2f}x the DRAM weight-streaming bound ({weights / 2**20:.1f} "
+          f"MiB encoded weights at {dram.bandwidth:g} B/cycle: {bound:,.0f} cycles); one weight channel's ceiling "
+          f"in Vela's model ({channel:.2f} B/cycle: {channel * dram.read_latency / 0.8:,.0f} B in flight, as its "
+          f"read buffers allow, over the DRAM's {dram.read_latency}-cycle latency) {one_channel:,.0f} cycles, "
+          f"{one_channel / bound:.2f}x the bound")
     start = time.perf_counter()
     want, want_logits = generate(programs.fake_quant_step(), model, prompt, steps)
     reference_s = time.perf_counter() - start
@@ -299,6 +325,7 @@ def llm(args) -> None:
           f"fake-quantized models ({reference_s:.0f} s): tokens {'equal' if got == want else 'DIFFER'} {got}; "
           f"logits equal in {sum(d == 0 for d in diffs)} of {len(diffs)} calls, at most {max(diffs):.0f} step(s) "
           "apart")
+    return cycles
 
 
 def _stored_once(programs) -> str:

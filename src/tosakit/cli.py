@@ -15,6 +15,8 @@ from .cli_commands import (cmd_accuracy, cmd_compile, cmd_demo, cmd_doctor, cmd_
 from .errors import TosakitError, first_line
 from .targets import ALL_TARGETS, CORTEX_M_ISA
 
+DECODER_SCHEMES = ("int8", "a8w4", "a16w8")  # generate --scheme: quantize.config.SCHEMES a decoder takes
+
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -178,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--layers", type=int, help="build only this many of the model's layers (a quick run)")
     g.add_argument("--prompt-length", "--prompt_length", type=int, default=32, help="prefill tokens (default 32)")
     g.add_argument("--steps", type=int, default=8, help="decode steps after the prompt (default 8)")
+    g.add_argument("--scheme", choices=DECODER_SCHEMES, default="int8",
+                   help="the weights: int8 (default), a8w4 (4-bit weights: half the bytes the decode streams), "
+                        "a16w8 (16-bit activations)")
     g.add_argument("--max-positions", "--max_positions", type=int,
                    help="KV cache positions (default: prompt length + steps)")
     _add_vela_system(g)

@@ -189,6 +189,7 @@ def cmd_generate(args) -> int:
     from .compile_job import Progress
     from .generate import compile_decoder, generate
     from .partition import cpu_compute
+    from .quantize.config import SCHEMES
     from .specs import compile_spec_for_target
     from .zoo.field import hf_decoder
 
@@ -205,10 +206,11 @@ def cmd_generate(args) -> int:
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_length),
                            generator=torch.Generator().manual_seed(args.seed), dtype=torch.int32)
     c = model.config
-    progress.step(f"compiling {args.model_name} ({c.num_hidden_layers} layers, random weights) for {spec.target_name}: "
+    progress.step(f"compiling {args.model_name} ({c.num_hidden_layers} layers, random weights, {args.scheme}) for "
+                  f"{spec.target_name}: "
                   f"prefill {args.prompt_length} tokens and decode 1, KV cache {positions} positions")
     start = time.perf_counter()
-    programs = compile_decoder(model, prompt, spec, folder, steps=args.steps)
+    programs = compile_decoder(model, prompt, spec, folder, steps=args.steps, config=SCHEMES[args.scheme]())
     for which in ("prefill", "decode"):
         compiled = getattr(programs, which)
         cpu = cpu_compute(compiled.edge.placements)
