@@ -243,105 +243,17 @@ def zoo(args) -> None:
 
 
 def llm(args) -> None:
-    """SmolLM2-135M's shape (random weights) on ethos-u85-256 as ExecuTorch's Arm backend tests it
-    (Ethos_U85_SYS_DRAM_Mid, Dedicated_Sram_384KB), int8 then a8w4 (4-bit weights), with a 64-position KV cache
-    updated in place (int8 state shared by the program's two methods): a 32-token prefill method and a one-token
-    decode method, compiled and written; prefill and 8 decode steps run from the .pte on the host (the command
-    streams simulated) against the fake-quantized models; cycles per call and per decode token beside the DRAM's
-    weight-streaming bound, the memory each needs."""
-    import torch
+    """SmolLM2-135M's shape on ethos-u85-256, int8 and a8w4: decode cycles beside the DRAM's bound (``llm.py``)."""
+    from llm import llm as run
 
-    from tosakit.quantize.config import SCHEMES
-    from tosakit.specs import EthosUCompileSpec
-    from tosakit.zoo.field import hf_decoder
-
-    steps, model = 8, hf_decoder("hf:HuggingFaceTB/SmolLM2-135M")
-    prompt = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0),
-                           dtype=torch.int32)
-    spec = EthosUCompileSpec("ethos-u85-256", system_config="Ethos_U85_SYS_DRAM_Mid",
-                             memory_mode="Dedicated_Sram_384KB")
-    decode = {scheme: _llm_scheme(scheme, SCHEMES[scheme](), model, prompt, spec, steps)
-              for scheme in ("int8", "a8w4")}
-    print(f"decode with 4-bit weights: {decode['a8w4'] / decode['int8']:.3f}x the int8 decode's cycles")
+    run(OUT)
 
 
-def _llm_scheme(scheme: str, config, model, prompt, spec, steps: int) -> int:
-    """One scheme of the llm bench: compiled, its figures and its generation printed; its decode cycles."""
-    from tosakit.generate import compile_decoder, generate
-    from tosakit.runtime import Limits, load
-    from tosakit.runtime.ethosu.hardware import ACCELERATORS
-    from tosakit.runtime.ethosu.system import compile_flags, memory_system
-    from tosakit.runtime.ethosu.timing import channel_bandwidth
-    from tosakit.runtime.pools import runner_memory
+def llm_quality(args) -> None:
+    """A small decoder trained on the standard library's source: held-out perplexity per weight scheme."""
+    from llm import llm_quality as run
 
-    start = time.perf_counter()
-    folder = OUT / "llm" / scheme
-    folder.mkdir(parents=True, exist_ok=True)
-    programs = compile_decoder(model, prompt, spec, folder, steps=steps, config=config)
-    seconds = time.perf_counter() - start
-    print(f"SmolLM2-135M shape, {scheme}, ethos-u85-256 Dedicated_Sram_384KB: prefill {prompt.shape[1]} tokens, "
-          f"decode 1 token, KV cache {model.config.max_positions} positions; both compiled in {seconds:.0f} s")
-    for which in ("prefill", "decode"):
-        compiled = getattr(programs, which)
-        cpu = [p for p in compiled.edge.placements if p.placement == "cpu" and p.compute]
-        reports = [d.report for d in compiled.edge.delegates]
-        figures = Figures.of(reports, seconds, len(cpu))
-        loaded = load(programs.paths[which])
-        pools = runner_memory(loaded.program, loaded.segments, loaded.plan(programs.methods[which]))
-        per = f" ({figures.cycles / prompt.shape[1]:,.0f} per token)" if which == "prefill" else " per token"
-        print(f"  {which}: {len(compiled.edge.delegates)} delegate(s), CPU compute ops {len(cpu)}; cycles "
-              f"{figures.cycles:,}{per}, {1e3 * sum(r.inference_time_s for r in reports):.2f} ms at the NPU clock; "
-              f"MAC utilisation {100 * figures.utilisation:.1f}%; bound by "
-              + ", ".join(f"{k} {100 * v:.0f}%" for r in reports for k, v in r.bound_by.items()))
-        print(f"    SRAM {figures.sram / 1024:.0f} KiB; encoded weights "
-              f"{sum(r.weights_encoded_bytes for r in reports) / 2**20:.1f} MiB; .pte "
-              f"{programs.paths[which].stat().st_size / 2**20:.1f} MiB; Ethos-U scratch "
-              f"{sum(d.scratch or 0 for d in pools.delegates) / 2**20:.2f} MiB; KV cache (state) "
-              f"{_state_bytes(loaded.plan(programs.methods[which])) / 1024:.0f} KiB; runner method pool "
-              f"{pools.runner_method_pool / 1024:.0f} KiB, temp pool {pools.temp_pool / 2**20:.2f} MiB")
-    print("  " + _stored_once(programs))
-    weights = sum(d.report.weights_encoded_bytes for d in programs.decode.edge.delegates)
-    hw = ACCELERATORS[spec.target_name]
-    dram = next(p for p in memory_system(compile_flags(spec.to_list()), hw).regions.values() if p.name == "Dram")
-    bound = weights / dram.bandwidth
-    channel = channel_bandwidth(hw, dram, "fast_weight")
-    one_channel = weights / channel
-    cycles = programs.cycles("decode")
-    print(f"  decode: {cycles:,} cycles = {cycles / bound:.2f}x the DRAM weight-streaming bound ({weights / 2**20:.1f} "
-          f"MiB encoded weights at {dram.bandwidth:g} B/cycle: {bound:,.0f} cycles); one weight channel's ceiling "
-          f"in Vela's model ({channel:.2f} B/cycle: {channel * dram.read_latency / 0.8:,.0f} B in flight, as its "
-          f"read buffers allow, over the DRAM's {dram.read_latency}-cycle latency) {one_channel:,.0f} cycles, "
-          f"{one_channel / bound:.2f}x the bound")
-    start = time.perf_counter()
-    want, want_logits = generate(programs.fake_quant_step(), model, prompt, steps)
-    reference_s = time.perf_counter() - start
-    start = time.perf_counter()
-    limits = Limits(max_memory=12 << 30, timeout=3600.0)
-    got, got_logits = generate(programs.program_step(engine="npu", limits=limits), model, prompt, steps)
-    run_s = time.perf_counter() - start
-    scale = [programs.logits_step("prefill")] + [programs.logits_step("decode")] * steps
-    diffs = [float((g - w).abs().max()) / s for g, w, s in zip(got_logits, want_logits, scale)]
-    print(f"  generation, prefill + {steps} decode steps from the .pte files (simulated, {run_s:.0f} s) vs the "
-          f"fake-quantized models ({reference_s:.0f} s): tokens {'equal' if got == want else 'DIFFER'} {got}; "
-          f"logits equal in {sum(d == 0 for d in diffs)} of {len(diffs)} calls, at most {max(diffs):.0f} step(s) "
-          "apart")
-    return cycles
-
-
-def _stored_once(programs) -> str:
-    """decoder.pte's bytes (and its .ptd's) against one copy of the encoded weights plus every command stream."""
-    from tosakit.backends.ethosu.payload import parse_payload
-    from tosakit.runtime import load
-
-    loaded = load(programs.paths["decode"], data=programs.data)
-    payloads = {m: [parse_payload(loaded.delegate_payload(d)) for d in loaded.plan(m).delegates]
-                for m in loaded.method_names}
-    once = max(sum(len(p.weight_data) for p in ps) for ps in payloads.values())
-    streams = sum(len(p.cmd_data) for ps in payloads.values() for p in ps)
-    total = programs.paths["decode"].stat().st_size + (programs.data.stat().st_size if programs.data else 0)
-    return (f"decoder.pte {total / 2**20:.1f} MiB = {total / (once + streams):.3f}x one copy of the encoded weights "
-            f"({once / 2**20:.1f} MiB) plus the command streams ({streams / 2**20:.2f} MiB): the methods share "
-            "the weights as named data")
+    run(OUT)
 
 
 WEIGHT_SCHEMES = ("int8", "a8w4", "a8w4@pointwise", "int8+2:4", "int8+cluster16", "int8+cluster8", "a8w4+2:4")
@@ -504,14 +416,6 @@ def _qat_a8w4(model, data):
     return top1(fake), top1(got), report
 
 
-def _state_bytes(plan) -> int:
-    """Bytes of the state a method writes back (``aten::copy_`` destinations)."""
-    from tosakit.runtime.inspect import state_values
-    from tosakit.runtime.validate import tensor_nbytes
-
-    return sum(tensor_nbytes(plan.values[i].val) for i in state_values(plan))
-
-
 def hostile(args) -> None:
     """The untrusted-.pte issue's attacks through `tosakit run` in a fresh process: seconds and peak memory
     to the one-line refusal (the issue's goal: under 1 s and 200 MB each)."""
@@ -547,7 +451,7 @@ def timing(args) -> None:
 
 
 BENCHES = {"host-runtime": host_runtime, "cortex-m": cortex_m, "hostile": hostile, "accuracy": accuracy, "mv2-snr": mv2_snr, "zoo": zoo,
-           "llm": llm, "weights": weights, "timing": timing}
+           "llm": llm, "llm-quality": llm_quality, "weights": weights, "timing": timing}
 
 
 def main(argv=None) -> int:

@@ -174,9 +174,10 @@ def _alike_observers(graphs: list) -> list[list]:
 
 def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec | str, folder: str | Path,
                     steps: int = 8, config: QuantizationConfig | None = None,
-                    external_data: bool = False) -> DecoderPrograms:
+                    external_data: bool = False, calibration: list[torch.Tensor] = ()) -> DecoderPrograms:
     """Quantize and compile ``model`` for a ``prompt``-long prefill and a one-token decode, calibrated on the float
-    model's greedy run (the prompt; the ``steps`` decode calls), and write them into ``folder``: ``decoder.pte``
+    model's greedy runs (the prompt and each ``calibration`` prompt of its length; the ``steps`` decode calls after
+    each), and write them into ``folder``: ``decoder.pte``
     (methods prefill and decode) when the cache is the model's state, else ``prefill.pte`` and ``decode.pte``.
     In ``decoder.pte`` the methods quantize alike, so Vela encodes their weights alike: each Ethos-U delegate's
     weights are named data the methods share, in the program, or with ``external_data`` in ``decoder.ptd``."""
@@ -184,9 +185,13 @@ def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec |
     calls: list[tuple[str, tuple]] = []
     run = float_step(model)
     state = {name: b.clone() for name, b in model.named_buffers()}
-    generate(lambda which, inputs: calls.append((which, inputs)) or run(which, inputs), model, prompt, steps)
-    for name, b in model.named_buffers():  # the float run wrote the cache; the programs start from the model's
-        b.copy_(state[name])
+    for text in (prompt, *calibration):
+        if text.shape != prompt.shape:
+            raise TosakitError(f"a calibration prompt of shape {list(text.shape)}: the prefill takes "
+                               f"{list(prompt.shape)}", "give calibration prompts of the prompt's length")
+        generate(lambda which, inputs: calls.append((which, inputs)) or run(which, inputs), model, text, steps)
+        for name, b in model.named_buffers():  # the float run wrote the cache; the programs start from the model's
+            b.copy_(state[name])
     folder = Path(folder)
     if not model.cache_in_place:
         compiled = {which: compile(model, next(i for w, i in calls if w == which), spec, quantize=True, config=config,
