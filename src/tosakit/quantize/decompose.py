@@ -97,9 +97,15 @@ def _masked_softmax(f: Builder, filled: Node, dim: int) -> Node:
 
 
 def _masked_weights(f: Builder, scores: Node, mask: Node, dim: int) -> Node:
-    """softmax of ``scores`` along ``dim`` where ``mask`` leaves a score out: its exp is 0 before the sum."""
-    _, e, _ = _softmax_parts(f, scores, dim)
-    e = _zero_where(f, mask, e)
+    """softmax of ``scores`` along ``dim`` where ``mask`` leaves a score out: its exp is 0 before the sum. The max
+    subtracted is the kept scores' own (the scores less their minimum, the left-out ones zeroed, then the max): a
+    left-out score above every kept one (a query against an empty cache slot) would leave the kept exps tiny and
+    their sum's reciprocal beyond any range the quantization can hold. A left-out score's difference from that max
+    is clamped to 0 before the exp, so the exp's range stays [0, 1]."""
+    shifted = f(aten.sub.Tensor, scores, f(aten.amin.default, scores, [dim], True))
+    top = f(aten.amax.default, _zero_where(f, mask, shifted), [dim], True)
+    below = f(aten.clamp.default, f(aten.sub.Tensor, shifted, top), None, 0.0)
+    e = _zero_where(f, mask, f(aten.exp.default, below))
     return f(aten.mul.Tensor, e, f(aten.reciprocal.default, f(aten.sum.dim_IntList, e, [dim], True)))
 
 

@@ -44,6 +44,7 @@ CASES = {
     "amax": _case(lambda: Fn(lambda x: x.amax((1, 2), keepdim=True)), [(2, 3, 4)], "REDUCE_MAX"),
     "amax_last": _case(lambda: Fn(lambda x: x - x.amax(-1, keepdim=True)), [(2, 4, 16)], "REDUCE_MAX"),
     "max_all": _case(lambda: Fn(lambda x: x.max()), [(2, 3, 4)], "REDUCE_MAX"),
+    "amin_last": _case(lambda: Fn(lambda x: x - x.amin(-1, keepdim=True)), [(2, 4, 16)], "REDUCE_MIN"),
     "where": _case(lambda: Fn(lambda x, y, k, q: torch.where(k <= q, x, 3 * y)), [(2, 3, 8), (2, 3, 8), KEYS, QUERIES],
                    "SELECT", NO_SELECT),
     "sum": _case(lambda: Fn(lambda x: x.sum(1)), [(2, 5, 3)], "REDUCE_SUM"),

@@ -164,7 +164,7 @@ def extreme(op):
 
 
 lowers(aten.amax.default, aten.max.default, int16=True, check=rank_check)(extreme(Op.REDUCE_MAX))
-lowers(aten.amin.default, aten.min.default, check=rank_check)(extreme(Op.REDUCE_MIN))
+lowers(aten.amin.default, aten.min.default, int16=True, check=rank_check)(extreme(Op.REDUCE_MIN))
 lowers(aten.mean.default, check=rank_check)(pool.mean)  # mean.dim's rule, over every dim
 
 
