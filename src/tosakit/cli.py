@@ -15,7 +15,7 @@ from .cli_commands import (cmd_accuracy, cmd_compile, cmd_demo, cmd_doctor, cmd_
 from .errors import TosakitError, first_line
 from .targets import ALL_TARGETS, CORTEX_M_ISA
 
-DECODER_SCHEMES = ("int8", "a8w4", "a16w8")  # generate --scheme: quantize.config.SCHEMES a decoder takes
+DECODER_SCHEMES = ("int8", "a8w4", "a8w4-head8", "a16w8")  # generate --scheme: generate.DECODER_SCHEMES
 
 EXIT_USER_ERROR = 2
 EXIT_INTERNAL_ERROR = 1
@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=8, help="decode steps after the prompt (default 8)")
     g.add_argument("--scheme", choices=DECODER_SCHEMES, default="int8",
                    help="the weights: int8 (default), a8w4 (4-bit weights: half the bytes the decode streams), "
-                        "a16w8 (16-bit activations)")
+                        "a8w4-head8 (4-bit but the lm_head, the tied embedding, in int8), a16w8 (16-bit "
+                        "activations)")
     g.add_argument("--max-positions", "--max_positions", type=int,
                    help="KV cache positions (default: prompt length + steps)")
     _add_vela_system(g)

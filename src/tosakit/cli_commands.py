@@ -187,9 +187,8 @@ def cmd_generate(args) -> int:
     import torch
 
     from .compile_job import Progress
-    from .generate import compile_decoder, generate
+    from .generate import compile_decoder, decoder_scheme, generate
     from .partition import cpu_compute
-    from .quantize.config import SCHEMES
     from .specs import compile_spec_for_target
     from .zoo.field import hf_decoder
 
@@ -210,7 +209,8 @@ def cmd_generate(args) -> int:
                   f"{spec.target_name}: "
                   f"prefill {args.prompt_length} tokens and decode 1, KV cache {positions} positions")
     start = time.perf_counter()
-    programs = compile_decoder(model, prompt, spec, folder, steps=args.steps, config=SCHEMES[args.scheme]())
+    config, modules = decoder_scheme(args.scheme)
+    programs = compile_decoder(model, prompt, spec, folder, steps=args.steps, config=config, module_configs=modules)
     for which in ("prefill", "decode"):
         compiled = getattr(programs, which)
         cpu = cpu_compute(compiled.edge.placements)

@@ -24,11 +24,22 @@ from .program.emit import program_from_methods
 from .program.ptd import serialize_ptd
 from .program.pte import serialize_pte
 from .quantize import QuantizationConfig
-from .quantize.config import get_symmetric_quantization_config
+from .quantize.config import SCHEMES, get_symmetric_quantization_config
 from .specs import ArmCompileSpec, EthosUCompileSpec, VelaExternalBlockPlacements, compile_spec_for_target
 from .zoo.decoder import Decoder, decode_inputs, prefill_inputs
 
 Step = Callable[[str, tuple], tuple]  # ("prefill" | "decode", inputs) -> (logits, *caches)
+
+# A decoder's weight schemes: (the global scheme, {module: scheme}); "a8w4-head8" keeps the tied embedding's
+# lm_head in int8, the projection that 4 bits cost a byte-level model most
+DECODER_SCHEMES = {"int8": ("int8", {}), "a8w4": ("a8w4", {}), "a8w4-head8": ("a8w4", {"lm_head": "int8"}),
+                   "a16w8": ("a16w8", {})}
+
+
+def decoder_scheme(name: str) -> tuple[QuantizationConfig, dict[str, QuantizationConfig]]:
+    """A ``DECODER_SCHEMES`` entry as ``compile_decoder``'s ``config`` and ``module_configs``."""
+    scheme, modules = DECODER_SCHEMES[name]
+    return SCHEMES[scheme](), {module: SCHEMES[s]() for module, s in modules.items()}
 
 
 def generate(step: Step, model: Decoder, prompt: torch.Tensor, steps: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -124,13 +135,16 @@ def _first_inputs(calls: list[tuple[str, tuple]]) -> dict[str, tuple]:
 
 
 def _quantize_sharing_state(model: Decoder, calls: list[tuple[str, tuple]], spec: ArmCompileSpec,
-                            config: QuantizationConfig | None) -> dict[str, torch.nn.Module]:
+                            config: QuantizationConfig | None,
+                            module_configs: dict[str, QuantizationConfig] | None = None) -> dict[str, torch.nn.Module]:
     """The prefill and decode graphs quantized as one model: calibrated on the calls in the order they ran, with one
     KV cache between them, and each cache quantized alike in both (its observers' ranges joined), so the program
     keeps it as integers that either method reads."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = quantizer_for(spec).set_global(config or get_symmetric_quantization_config(is_per_channel=True))
+    for name, module_config in (module_configs or {}).items():
+        quantizer.set_module_name(name, module_config)
     first = _first_inputs(calls)
     with torch.no_grad():
         prepared = {which: prepare_pt2e(own_state(export(model, inputs).module()), quantizer)
@@ -174,10 +188,12 @@ def _alike_observers(graphs: list) -> list[list]:
 
 def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec | str, folder: str | Path,
                     steps: int = 8, config: QuantizationConfig | None = None,
-                    external_data: bool = False, calibration: list[torch.Tensor] = ()) -> DecoderPrograms:
+                    external_data: bool = False, calibration: list[torch.Tensor] = (),
+                    module_configs: dict[str, QuantizationConfig] | None = None) -> DecoderPrograms:
     """Quantize and compile ``model`` for a ``prompt``-long prefill and a one-token decode, calibrated on the float
     model's greedy runs (the prompt and each ``calibration`` prompt of its length; the ``steps`` decode calls after
-    each), and write them into ``folder``: ``decoder.pte``
+    each; ``module_configs``: another config for the modules so named, e.g. ``lm_head``), and write them into
+    ``folder``: ``decoder.pte``
     (methods prefill and decode) when the cache is the model's state, else ``prefill.pte`` and ``decode.pte``.
     In ``decoder.pte`` the methods quantize alike, so Vela encodes their weights alike: each Ethos-U delegate's
     weights are named data the methods share, in the program, or with ``external_data`` in ``decoder.ptd``."""
@@ -195,11 +211,12 @@ def compile_decoder(model: Decoder, prompt: torch.Tensor, spec: ArmCompileSpec |
     folder = Path(folder)
     if not model.cache_in_place:
         compiled = {which: compile(model, next(i for w, i in calls if w == which), spec, quantize=True, config=config,
+                                   module_configs=module_configs,
                                    calibration=[i for w, i in calls if w == which])
                     for which in ("prefill", "decode")}
         paths = {which: write_atomic(folder / f"{which}.pte", c.program.buffer) for which, c in compiled.items()}
         return DecoderPrograms(compiled["prefill"], compiled["decode"], paths, {w: "forward" for w in paths})
-    quantized = _quantize_sharing_state(model, calls, spec, config)
+    quantized = _quantize_sharing_state(model, calls, spec, config, module_configs)
     if isinstance(spec, EthosUCompileSpec) and not spec.external_block_placements.blocks():
         spec.external_block_placements = VelaExternalBlockPlacements(weight_data="decoder")
     first = _first_inputs(calls)

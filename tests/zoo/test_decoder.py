@@ -140,7 +140,8 @@ def test_generate_cli_names_the_schemes_it_takes(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["generate", "-q", "--scheme", "int4"])
     assert exit_.value.code == 2
-    assert "--scheme: invalid choice: 'int4' (choose from 'int8', 'a8w4', 'a16w8')" in capsys.readouterr().err
+    assert "--scheme: invalid choice: 'int4' (choose from 'int8', 'a8w4', 'a8w4-head8', 'a16w8')" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -299,11 +300,12 @@ def test_a8w4_decoder_streams_half_the_bytes_and_generates_as_its_fake_quantized
     DRAM waits on: `make bench -- llm` prints its cycles), and prefill + 8 decode steps from decoder.pte give the
     fake-quantized a8w4 models' tokens."""
     from tosakit.cli import DECODER_SCHEMES
-    from tosakit.quantize.config import SCHEMES
+    from tosakit.generate import DECODER_SCHEMES as SCHEMES, decoder_scheme
 
-    assert set(DECODER_SCHEMES) <= set(SCHEMES)
+    assert list(DECODER_SCHEMES) == list(SCHEMES)
     model = _in_place()
-    a8w4 = compile_decoder(model, PROMPT, "ethos-u85-256", tmp_path, steps=STEPS, config=SCHEMES["a8w4"]())
+    config, modules = decoder_scheme("a8w4")
+    a8w4 = compile_decoder(model, PROMPT, "ethos-u85-256", tmp_path, steps=STEPS, config=config, module_configs=modules)
     [delegate] = a8w4.decode.edge.delegates
     [int8] = in_place.decode.edge.delegates
     assert delegate.report.weights_encoded_bytes <= 0.6 * int8.report.weights_encoded_bytes
@@ -323,3 +325,30 @@ def _tosa_tensors(tosa: bytes) -> list[tuple[str, str]]:
     names = {v: k for k, v in vars(DType).items() if not k.startswith("_")}
     block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
     return [(block.Tensors(i).Name().decode(), names[block.Tensors(i).Type()]) for i in range(block.TensorsLength())]
+
+
+@pytest.mark.slow
+def test_a8w4_head8_keeps_the_lm_head_in_int8_u85(tmp_path):
+    """``--scheme a8w4-head8``: the projections' and MLP's weights INT4, the lm_head's (the tied embedding, vocab x
+    hidden) INT8, through ``compile_decoder``'s ``module_configs``."""
+    from tosakit.generate import decoder_scheme
+
+    config, modules = decoder_scheme("a8w4-head8")
+    assert set(modules) == {"lm_head"}
+    programs = compile_decoder(_in_place(), PROMPT, "ethos-u85-256", tmp_path, steps=STEPS, config=config,
+                               module_configs=modules)
+    [module] = [m for m in programs.decode.edge.program.graph_module.children() if hasattr(m, "tosa")]
+    types = _tosa_shapes(module.tosa)
+    assert [t for s, t in types if s == [TINY.vocab_size, 1, 1, TINY.hidden_size]] == ["INT8"], types
+    assert sum(t == "INT4" for _, t in types) >= 7 * TINY.num_hidden_layers
+
+
+def _tosa_shapes(tosa: bytes) -> list[tuple[list[int], str]]:
+    """The main block's constant tensors: (shape, TOSA type name)."""
+    from tosa.DType import DType
+    from tosa.TosaGraph import TosaGraph
+
+    names = {v: k for k, v in vars(DType).items() if not k.startswith("_")}
+    block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
+    tensors = [block.Tensors(i) for i in range(block.TensorsLength())]
+    return [(list(t.ShapeAsNumpy()) if t.ShapeLength() else [], names[t.Type()]) for t in tensors if t.DataLength()]
