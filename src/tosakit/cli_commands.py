@@ -268,6 +268,8 @@ def _explore(program, args) -> int:
     check_explorer()
     stem = Path(args.pte).stem
     folder = Path(args.explore_dir or f"{stem}_explore")
+    if folder.exists() and not folder.is_dir():
+        raise TosakitError(f"--explore-dir {folder} is a file, not a folder", "name a folder for Model Explorer's files")
     inputs = random_inputs([(s.dtype, s.shape) for s in program.input_specs()], seed=0)
     _, steps = program.run_profiled(inputs)
     maps = _operation_maps(program, steps)

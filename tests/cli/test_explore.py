@@ -137,6 +137,17 @@ def test_explore_refuses_without_model_explorer(tmp_path, monkeypatch):
     assert "tosakit[explore]" in info.value.hint
 
 
+def test_explore_refuses_a_file_as_its_folder(tmp_path, capsys):
+    """--explore-dir naming a file: one line naming it, before the program runs."""
+    from tosakit.cli import main
+
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    assert main(["inspect", str(_pte(tmp_path, False)), "--explore", "--explore-dir", str(taken)]) == 2
+    assert f"--explore-dir {taken} is a file, not a folder" in capsys.readouterr().err
+    assert taken.read_text() == "x"
+
+
 def test_explore_names_a_port_in_use(tmp_path):
     """A --port something else listens on: an error naming the port, no server left behind."""
     import socket
