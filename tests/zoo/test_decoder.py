@@ -310,21 +310,22 @@ def test_a8w4_decoder_streams_half_the_bytes_and_generates_as_its_fake_quantized
     [int8] = in_place.decode.edge.delegates
     assert delegate.report.weights_encoded_bytes <= 0.6 * int8.report.weights_encoded_bytes
     [module] = [m for m in a8w4.decode.edge.program.graph_module.children() if hasattr(m, "tosa")]
-    int4 = [t for t in _tosa_tensors(module.tosa) if t[1] == "INT4"]
+    int4 = [t for t in _tosa_constants(module.tosa) if t[1] == "INT4"]
     assert len(int4) >= 7 * TINY.num_hidden_layers, int4  # q, k, v, o, gate, up, down per layer
     want, _ = generate(a8w4.fake_quant_step(), model, PROMPT, STEPS)
     got, _ = generate(a8w4.program_step(engine="npu"), model, PROMPT, STEPS)
     assert got == want and len(got) == STEPS + 1
 
 
-def _tosa_tensors(tosa: bytes) -> list[tuple[str, str]]:
-    """The main block's tensors: (name, TOSA type name)."""
+def _tosa_constants(tosa: bytes) -> list[tuple[list[int], str]]:
+    """The main block's constant tensors: (shape, TOSA type name)."""
     from tosa.DType import DType
     from tosa.TosaGraph import TosaGraph
 
     names = {v: k for k, v in vars(DType).items() if not k.startswith("_")}
     block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
-    return [(block.Tensors(i).Name().decode(), names[block.Tensors(i).Type()]) for i in range(block.TensorsLength())]
+    tensors = [block.Tensors(i) for i in range(block.TensorsLength())]
+    return [(list(t.ShapeAsNumpy()) if t.ShapeLength() else [], names[t.Type()]) for t in tensors if t.DataLength()]
 
 
 @pytest.mark.slow
@@ -338,17 +339,6 @@ def test_a8w4_head8_keeps_the_lm_head_in_int8_u85(tmp_path):
     programs = compile_decoder(_in_place(), PROMPT, "ethos-u85-256", tmp_path, steps=STEPS, config=config,
                                module_configs=modules)
     [module] = [m for m in programs.decode.edge.program.graph_module.children() if hasattr(m, "tosa")]
-    types = _tosa_shapes(module.tosa)
+    types = _tosa_constants(module.tosa)
     assert [t for s, t in types if s == [TINY.vocab_size, 1, 1, TINY.hidden_size]] == ["INT8"], types
     assert sum(t == "INT4" for _, t in types) >= 7 * TINY.num_hidden_layers
-
-
-def _tosa_shapes(tosa: bytes) -> list[tuple[list[int], str]]:
-    """The main block's constant tensors: (shape, TOSA type name)."""
-    from tosa.DType import DType
-    from tosa.TosaGraph import TosaGraph
-
-    names = {v: k for k, v in vars(DType).items() if not k.startswith("_")}
-    block = TosaGraph.GetRootAs(tosa, 0).Regions(0).Blocks(0)
-    tensors = [block.Tensors(i) for i in range(block.TensorsLength())]
-    return [(list(t.ShapeAsNumpy()) if t.ShapeLength() else [], names[t.Type()]) for t in tensors if t.DataLength()]

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import TosakitError, write_atomic
 from ..program import schema as S
 from ..program.kernels import kernel_key, kernel_schemas
-from ..runtime.ethosu.profile import NpuProfile
+from ..runtime.ethosu.profile import NpuProfile, progress
 from ..runtime.profile import ProgramProfile
 from .operation_map import OperationMap
 
@@ -171,12 +171,10 @@ def tosa_measures(mapping: OperationMap, profile: NpuProfile) -> dict[int, dict[
         index = mapping.operations[min(len(starts) - 1, bisect.bisect_left(starts, offset))].tosa_index
         return out.setdefault(index, {"cycles": 0, "MACs": 0})
 
-    before = 0
-    for op in sorted(profile.operations, key=lambda o: o.end):
+    for op, share in progress(profile.operations):
+        owner(op.offset)["cycles"] += share
+    for op in profile.operations:
         measure = owner(op.offset)
-        if op.operation != "DMA_START":
-            measure["cycles"] += max(0, op.end - before)
-            before = max(before, op.end)
         measure["MACs"] += op.macs
         for name, value in op.counters.items():
             measure[name] = measure.get(name, 0) + value

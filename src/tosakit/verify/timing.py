@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backends.ethosu.payload import parse_payload
 from ..backends.ethosu.vela import compile_records
-from ..runtime.ethosu.profile import NpuProfile
+from ..runtime.ethosu.profile import NpuProfile, progress
 from ..runtime.ethosu.simulate import simulate
 from ..runtime.ethosu.system import compile_flags
 
@@ -138,11 +138,9 @@ def _per_operation(profile: NpuProfile, tables: dict) -> list[OpTiming]:
             order.append(sid)
     cycles = dict.fromkeys(order, 0)
     longest: dict = {}
-    before = 0
-    for op in sorted((o for o in profile.operations if o.operation != "DMA_START"), key=lambda o: o.end):
+    for op, share in progress(profile.operations):
         sid = owner[min(len(owner) - 1, int(np.searchsorted(starts, op.offset, side="left")))]
-        cycles[sid] += max(0, op.end - before)
-        before = max(before, op.end)
+        cycles[sid] += share
         if sid not in longest or op.cycles > longest[sid].cycles:
             longest[sid] = op
     return [OpTiming(perf.get(sid, {}).get("name", "?"), perf.get(sid, {}).get("operator", "?"), cycles[sid],

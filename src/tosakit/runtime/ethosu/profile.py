@@ -54,6 +54,16 @@ class NpuOp:
         return self.start + self.cycles
 
 
+def progress(operations) -> list[tuple[NpuOp, int]]:
+    """Each compute operation (DMA left out) with its share of the compute engine's progress: from the end of the
+    operation that ended before it to its own end, so the shares add up to the last one's end."""
+    out, before = [], 0
+    for op in sorted((o for o in operations if o.operation != "DMA_START"), key=lambda o: o.end):
+        out.append((op, max(0, op.end - before)))
+        before = max(before, op.end)
+    return out
+
+
 @dataclass
 class NpuProfile:
     """A stream's operations on the timeline, on ``accelerator`` in ``system``."""
